@@ -1,0 +1,83 @@
+"""Command line of the agent zipapp: ``python3 agent.pyz VERB --state-dir DIR``.
+
+Verbs read one JSON request on stdin and print one sentinel-framed JSON reply on stdout;
+``daemon`` runs the loop, ``jobwrap`` runs one job attempt, ``ensure`` starts the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def _arg(argv: list, flag: str, default: str = "") -> str:
+    if flag in argv:
+        i = argv.index(flag)
+        if i + 1 < len(argv):
+            return argv[i + 1]
+    return default
+
+
+def main(argv: list) -> int:
+    if not argv:
+        sys.stderr.write("usage: agent.pyz VERB --state-dir DIR\n")
+        return 2
+    verb = argv[0]
+    if verb == "jobwrap":
+        from orchestrator.agent import jobwrap
+        return jobwrap.main(argv[1:])
+    state_dir = os.path.abspath(os.path.expanduser(_arg(argv, "--state-dir")))
+    if verb == "daemon":
+        from orchestrator.agent.daemon import Daemon
+        return Daemon(state_dir, os.path.abspath(sys.argv[0]), _arg(argv, "--build", "dev")).run()
+    from orchestrator.agent.framing import frame
+    try:
+        raw = sys.stdin.read()
+        req = json.loads(raw) if raw.strip() else {}
+        ensure_build = _arg(argv, "--ensure")
+        if ensure_build and verb != "ensure":
+            # one round trip: make sure the daemon runs (same build), then answer the verb
+            dispatch("ensure", state_dir, {"build": ensure_build, "detach": _arg(argv, "--detach", "setsid"),
+                                           **({"config": req.pop("_config")} if "_config" in req else {})})
+        req.pop("_config", None)
+        result = dispatch(verb, state_dir, req)
+        out = {"ok": True, "result": result}
+    except Exception as exc:  # every failure becomes a framed error reply, never a bare traceback
+        from orchestrator.agent.verbs import VerbError
+        if isinstance(exc, VerbError):
+            out = {"ok": False, "error": {"kind": exc.kind, "message": str(exc), "hint": exc.hint}}
+        else:
+            out = {"ok": False, "error": {"kind": "internal", "message": "%s: %s" % (type(exc).__name__, exc),
+                                          "hint": "agent traceback follows in 'trace'",
+                                          "trace": traceback.format_exc()}}
+    sys.stdout.write(frame(out))
+    sys.stdout.flush()
+    return 0
+
+
+def dispatch(verb: str, state_dir: str, req: dict) -> dict:
+    from orchestrator.agent import daemon
+    os.makedirs(state_dir, exist_ok=True)
+    if verb == "ensure":
+        if "config" in req:
+            daemon.write_atomic(daemon.files(state_dir)["config"], json.dumps(req["config"], indent=1))
+        res = daemon.ensure(state_dir, os.path.abspath(sys.argv[0]), req.get("build", "dev"),
+                            detach=req.get("detach", "setsid"))
+        if res["action"] == "none" and "config" in req:
+            daemon.wake(state_dir)
+        return res
+    from orchestrator.agent.store import Store
+    from orchestrator.agent.verbs import lookup
+    handler = lookup(verb)
+    store = Store(daemon.files(state_dir)["db"])
+    try:
+        from orchestrator.agent.daemon import _Ctx
+        return handler(_Ctx(state_dir, store, daemon.load_config(state_dir)), req)
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

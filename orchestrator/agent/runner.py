@@ -1,0 +1,254 @@
+"""The runner: reconciles the store with reality, places queued jobs on free GPUs or slots,
+notices exits, enforces cancel and timeouts, and applies retry budgets and the resume gate.
+
+Only the runner writes ``running`` and terminal states. Every placement is one compare-and-set
+(queued -> running) before the process starts; a process that started but whose pid was never
+recorded is found again by its marker, so a crash at any moment neither loses nor doubles a job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+from orchestrator.agent import procs
+from orchestrator.agent import states as S
+from orchestrator.agent.gpus import visible_gpus
+from orchestrator.agent.store import Store
+
+KILL_GRACE_S = 10.0
+QUALITY_STOP_PREFIX = "stopped by quality check"
+
+
+def exit_path(job: dict, attempt: int) -> str:
+    return os.path.join(job["run_dir"], "exit.%d" % attempt)
+
+
+def started_path(job: dict, attempt: int) -> str:
+    return os.path.join(job["run_dir"], "started.%d" % attempt)
+
+
+def read_exit(job: dict, attempt: int) -> Optional[int]:
+    try:
+        with open(exit_path(job, attempt)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class Runner:
+    def __init__(self, store: Store, state_dir: str, config: dict, agent_argv: List[str]):
+        self.store = store
+        self.state_dir = state_dir
+        self.config = config
+        self.agent_argv = agent_argv  # [python, agent.pyz] used to start job wrappers
+        self.children: Dict[str, subprocess.Popen] = {}
+        self.pids: Dict[str, int] = {}           # job id -> wrapper pid (children and adopted)
+        self.kill_at: Dict[str, float] = {}      # job id -> when to escalate TERM to KILL
+        self.boot = procs.boot_id()
+        self.gpus = visible_gpus(config)
+
+    # --- reconcile ------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Adopt live jobs by marker; settle the ones whose process is gone."""
+        marked = procs.find_marked()
+        for job in self.store.jobs([S.RUNNING]):
+            tok = procs.token(job["id"], job["attempt"])
+            pid = marked.get(tok)
+            if pid is None and job["boot_id"] == self.boot and procs.alive_with_token(job["pid"], tok):
+                pid = job["pid"]
+            if pid is not None:
+                self.pids[job["id"]] = pid
+                if pid != job["pid"]:
+                    self.store.update_fields(job["id"], [S.RUNNING], pid=pid)
+                self.store.add_event(job["id"], "adopted", "info", "re-adopted live pid %d after agent restart" % pid)
+            else:
+                self._settle(job)
+
+    # --- one pass ---------------------------------------------------------------------
+    def step(self) -> None:
+        self._reap_children()
+        running = self.store.jobs([S.RUNNING])
+        now = time.time()
+        for job in running:
+            jid = job["id"]
+            pid = self.pids.get(jid)
+            if pid is None:
+                # running row we do not track (e.g. CAS done by a previous daemon): re-check.
+                tok = procs.token(jid, job["attempt"])
+                pid = procs.find_marked().get(tok)
+                if pid is None:
+                    self._settle(job)
+                    continue
+                self.pids[jid] = pid
+            if jid not in self.children and not procs.alive_with_token(pid, procs.token(jid, job["attempt"])):
+                self._settle(job)
+                continue
+            if job["cancel_requested"] and jid not in self.kill_at:
+                self._signal(jid, pid, "cancel")
+            elif job["timeout_s"] and job["started_at"] and now - job["started_at"] > job["timeout_s"] \
+                    and jid not in self.kill_at:
+                self.store.update_fields(jid, [S.RUNNING], reason="timeout after %ss" % int(job["timeout_s"]))
+                self._signal(jid, pid, "timeout")
+            if jid in self.kill_at and now >= self.kill_at[jid]:
+                procs.signal_group(pid, signal.SIGKILL)
+                self.kill_at[jid] = now + 3600
+        self._schedule()
+
+    def _signal(self, jid: str, pid: int, why: str) -> None:
+        procs.signal_group(pid, signal.SIGTERM)
+        self.kill_at[jid] = time.time() + float(self.config.get("kill_grace_s", KILL_GRACE_S))
+        self.store.add_event(jid, why, "info", "sent TERM to process group %d (%s)" % (pid, why))
+
+    def stop_for_quality(self, job: dict, summary: str) -> None:
+        """TERM a running job the periodic quality check judged STOP (opt-in action)."""
+        self.store.update_fields(job["id"], [S.RUNNING], reason="%s: %s" % (QUALITY_STOP_PREFIX, summary))
+        pid = self.pids.get(job["id"])
+        if pid and job["id"] not in self.kill_at:
+            self._signal(job["id"], pid, "quality_stop")
+
+    def _reap_children(self) -> None:
+        for jid, proc in list(self.children.items()):
+            if proc.poll() is not None:
+                del self.children[jid]
+                job = self.store.get_job(jid)
+                if job is not None and job["state"] == S.RUNNING:
+                    self._settle(job)
+
+    # --- ending an attempt ------------------------------------------------------------
+    def _settle(self, job: dict) -> None:
+        """The attempt's process is gone: record how it ended and decide what comes next."""
+        jid = job["id"]
+        self.pids.pop(jid, None)
+        self.kill_at.pop(jid, None)
+        self.children.pop(jid, None)
+        code = read_exit(job, job["attempt"]) if job["attempt"] else None
+        now = time.time()
+        if code is None and job["attempt"] and not os.path.exists(started_path(job, job["attempt"])):
+            # The agent died between claiming the job and starting it: nothing ran, so this
+            # attempt costs no retry.
+            if self.store.transition(jid, [S.RUNNING], S.QUEUED, attempt=job["attempt"] - 1, pid=None):
+                self.store.add_event(jid, "requeued", "info", "attempt %d never started; requeued" % job["attempt"])
+            return
+        if code == 0:
+            self.store.transition(jid, [S.RUNNING], S.SUCCEEDED, exit_code=0, ended_at=now, pid=None)
+            return
+        if (job.get("reason") or "").startswith(QUALITY_STOP_PREFIX):
+            self.store.transition(jid, [S.RUNNING], S.QUALITY_STOPPED, exit_code=code, ended_at=now, pid=None)
+            return
+        if job["cancel_requested"]:
+            self.store.transition(jid, [S.RUNNING], S.CANCELLED, exit_code=code, ended_at=now, pid=None,
+                                  reason="cancelled by user")
+            return
+        reason = job.get("reason") or ("exit code %d" % code if code is not None else
+                                       "interrupted (process gone without an exit code)")
+        used = job["attempt"] - job["attempt_base"]
+        if used <= job["retries"]:
+            if self.store.transition(jid, [S.RUNNING], S.QUEUED, exit_code=code, pid=None, reason=reason):
+                self.store.add_event(jid, "retry", "warn", "attempt %d ended (%s); retrying (%d of %d retries used)"
+                                     % (job["attempt"], reason, used, job["retries"]))
+            return
+        self.store.transition(jid, [S.RUNNING], S.FAILED, exit_code=code, ended_at=now, pid=None, reason=reason)
+        self.store.add_event(jid, "failed", "error", "job %s failed: %s" % (job["name"], reason))
+
+    # --- placing jobs -------------------------------------------------------------------
+    def _capacity(self, running: List[dict]) -> tuple:
+        if self.gpus:
+            busy = {g for j in running for g in (j["gpu_ids"] or [])}
+            return [g for g in self.gpus if g not in busy], None
+        slots = int(self.config.get("slots") or 1)
+        return None, slots - len(running)
+
+    def _schedule(self) -> None:
+        queued = self.store.jobs([S.QUEUED])
+        if not queued:
+            return
+        running = self.store.jobs([S.RUNNING])
+        free_gpus, free_slots = self._capacity(running)
+        for job in queued:
+            if job["cancel_requested"]:
+                self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
+                                      reason="cancelled by user")
+                continue
+            if free_gpus is not None:
+                need = max(1, job["gpus"] or 1)
+                if need > len(self.gpus):
+                    self.store.transition(job["id"], [S.QUEUED], S.FAILED, ended_at=time.time(),
+                                          reason="needs %d GPUs, host has %d" % (need, len(self.gpus)))
+                    continue
+                if need > len(free_gpus):
+                    continue
+                ids, free_gpus = free_gpus[:need], free_gpus[need:]
+            else:
+                if free_slots <= 0:
+                    break
+                ids = []
+            if not self._resume_gate(job):
+                if free_gpus is not None:
+                    free_gpus = sorted(free_gpus + ids)
+                continue
+            if self._launch(job, ids) and free_slots is not None:
+                free_slots -= 1
+
+    def _resume_gate(self, job: dict) -> bool:
+        """Judge a job's metrics before any restart; a STOP verdict ends it as quality_stopped."""
+        if job["attempt"] == 0:
+            return True
+        if job["force_resume"]:
+            self.store.update_fields(job["id"], [S.QUEUED], force_resume=0)
+            self.store.add_event(job["id"], "gate", "warn", "resume gate overridden with --force")
+            return True
+        try:
+            from orchestrator.agent.quality_hook import resume_gate
+        except ImportError:
+            return True
+        try:
+            res = resume_gate(job, self.config)
+        except Exception as exc:  # an unreadable source is WAIT, never STOP
+            self.store.add_event(job["id"], "gate", "warn", "resume gate could not judge: %s" % exc)
+            return True
+        if res.get("allowed", True):
+            return True
+        why = "resume refused by quality gate: %s" % (res.get("summary") or res.get("verdict"))
+        if self.store.transition(job["id"], [S.QUEUED], S.QUALITY_STOPPED, ended_at=time.time(), reason=why):
+            self.store.add_event(job["id"], "quality_stopped", "error", why,
+                                 {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")})
+        return False
+
+    def _launch(self, job: dict, gpu_ids: List[int]) -> bool:
+        attempt = job["attempt"] + 1
+        now = time.time()
+        if not self.store.transition(job["id"], [S.QUEUED], S.RUNNING, attempt=attempt, gpu_ids=gpu_ids,
+                                     started_at=now, ended_at=None, exit_code=None, pid=None,
+                                     boot_id=self.boot, reason=None):
+            return False
+        os.makedirs(job["run_dir"], exist_ok=True)
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (job["env"] or {}).items()})
+        env.update({
+            "GPURUN_JOB_ID": job["id"], "GPURUN_JOB_NAME": job["name"], "GPURUN_RUN_DIR": job["run_dir"],
+            "GPURUN_ATTEMPT": str(attempt), procs.MARKER: procs.token(job["id"], attempt),
+            "GPURUN_ENV_FILE": os.path.join(self.state_dir, "env.sh"), "PYTHONUNBUFFERED": "1",
+        })
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+        argv = self.agent_argv + ["jobwrap", started_path(job, attempt), exit_path(job, attempt), job["log"], job["cwd"] or "", job["command"]]
+        try:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            self.store.transition(job["id"], [S.RUNNING], S.FAILED, ended_at=time.time(),
+                                  reason="could not start job wrapper: %s" % exc)
+            return False
+        self.children[job["id"]] = proc
+        self.pids[job["id"]] = proc.pid
+        self.store.update_fields(job["id"], [S.RUNNING], pid=proc.pid)
+        return True
+
+
+def python_argv(pyz: str) -> List[str]:
+    return [sys.executable or "python3", pyz]

@@ -1,0 +1,40 @@
+"""Ordered job states and the transitions the store allows.
+
+``queued < running < {succeeded, failed, cancelled, quality_stopped}``. A terminal state is
+never left by a late writer; only an explicit user ``retry`` (which starts a new attempt and
+is recorded in the job's history) moves a terminal job back to ``queued``.
+"""
+
+from __future__ import annotations
+
+QUEUED = "queued"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+QUALITY_STOPPED = "quality_stopped"
+
+ORDER = {QUEUED: 0, RUNNING: 1, SUCCEEDED: 2, FAILED: 2, CANCELLED: 2, QUALITY_STOPPED: 2}
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, QUALITY_STOPPED})
+ACTIVE = frozenset({QUEUED, RUNNING})
+ALL = tuple(ORDER)
+
+# (from, to) pairs the runner may take; RUNNING -> QUEUED is a retry of an interrupted or
+# failed attempt within the job's budget.
+RUNNER_MOVES = {
+    (QUEUED, RUNNING), (QUEUED, CANCELLED), (QUEUED, QUALITY_STOPPED),
+    (RUNNING, SUCCEEDED), (RUNNING, FAILED), (RUNNING, CANCELLED), (RUNNING, QUALITY_STOPPED),
+    (RUNNING, QUEUED),
+}
+# explicit user retry of a finished job
+RETRY_MOVES = {(FAILED, QUEUED), (CANCELLED, QUEUED), (QUALITY_STOPPED, QUEUED), (SUCCEEDED, QUEUED)}
+
+
+def allowed(src: str, dst: str, *, user_retry: bool = False) -> bool:
+    if (src, dst) in RUNNER_MOVES:
+        return True
+    return user_retry and (src, dst) in RETRY_MOVES
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL

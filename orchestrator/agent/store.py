@@ -1,0 +1,197 @@
+"""The agent's durable store: jobs, events and a small key-value table in SQLite (WAL).
+
+Every state change is one compare-and-set UPDATE (``transition``), so two writers can never
+both move a job, and a late writer never moves a finished job back. Client verbs only insert
+queued rows or set the cancel flag; the runner owns ``running`` and the terminal states.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Iterable, Optional
+
+from orchestrator.agent import states as S
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  name TEXT NOT NULL,
+  command TEXT NOT NULL,
+  cwd TEXT,
+  env TEXT NOT NULL DEFAULT '{}',
+  gpus INTEGER NOT NULL DEFAULT 0,
+  gpu_ids TEXT NOT NULL DEFAULT '[]',
+  retries INTEGER NOT NULL DEFAULT 0,
+  timeout_s REAL,
+  metrics TEXT,
+  checkpoints TEXT,
+  state TEXT NOT NULL DEFAULT 'queued',
+  attempt INTEGER NOT NULL DEFAULT 0,
+  attempt_base INTEGER NOT NULL DEFAULT 0,
+  exit_code INTEGER,
+  pid INTEGER,
+  boot_id TEXT,
+  run_dir TEXT NOT NULL,
+  log TEXT NOT NULL,
+  cancel_requested INTEGER NOT NULL DEFAULT 0,
+  force_resume INTEGER NOT NULL DEFAULT 0,
+  reason TEXT,
+  source TEXT,
+  submitted_at REAL NOT NULL,
+  started_at REAL,
+  ended_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  ts REAL NOT NULL,
+  job_id TEXT,
+  kind TEXT NOT NULL,
+  severity TEXT NOT NULL,
+  message TEXT NOT NULL,
+  data TEXT
+);
+CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+JSON_COLS = ("env", "gpu_ids")
+SEVERITIES = ("info", "warn", "error", "critical")
+
+
+class Store:
+    """One SQLite file per host. Safe to open from many processes at once."""
+
+    def __init__(self, path: str):
+        self.path = path
+        fresh = not os.path.exists(path)
+        self.db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA busy_timeout=30000")
+        if fresh or self._needs_schema():
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(SCHEMA)
+        self.db.execute("PRAGMA synchronous=NORMAL")
+
+    def _needs_schema(self) -> bool:
+        row = self.db.execute("SELECT name FROM sqlite_master WHERE name='kv'").fetchone()
+        return row is None
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- jobs ------------------------------------------------------------------------
+    @staticmethod
+    def _row(row: sqlite3.Row) -> dict:
+        d = dict(row)
+        for col in JSON_COLS:
+            d[col] = json.loads(d[col]) if d.get(col) else ({} if col == "env" else [])
+        d["cancel_requested"] = bool(d["cancel_requested"])
+        d["force_resume"] = bool(d["force_resume"])
+        return d
+
+    def insert_jobs(self, jobs: Iterable[dict]) -> tuple[list[str], list[str]]:
+        """Insert queued jobs in one transaction; returns (added ids, already-present ids)."""
+        now = time.time()
+        added: list[str] = []
+        present: list[str] = []
+        cur = self.db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            for j in jobs:
+                cur.execute(
+                    "INSERT OR IGNORE INTO jobs (id, name, command, cwd, env, gpus, retries, timeout_s,"
+                    " metrics, checkpoints, run_dir, log, source, submitted_at)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (j["id"], j["name"], j["command"], j.get("cwd"), json.dumps(j.get("env") or {}),
+                     int(j.get("gpus") or 0), int(j.get("retries") or 0), j.get("timeout_s"),
+                     j.get("metrics"), j.get("checkpoints"), j["run_dir"], j["log"],
+                     j.get("source"), now))
+                (added if cur.rowcount == 1 else present).append(j["id"])
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        return added, present
+
+    def jobs(self, states: Optional[Iterable[str]] = None) -> list[dict]:
+        if states is None:
+            rows = self.db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+        else:
+            st = list(states)
+            q = "SELECT * FROM jobs WHERE state IN (%s) ORDER BY seq" % ",".join("?" * len(st))
+            rows = self.db.execute(q, st).fetchall()
+        return [self._row(r) for r in rows]
+
+    def get_job(self, ref: Any) -> Optional[dict]:
+        """Find a job by id, by exact name, or by its number (``seq``)."""
+        ref = str(ref)
+        row = self.db.execute("SELECT * FROM jobs WHERE id=?", (ref,)).fetchone()
+        if row is None:
+            row = self.db.execute("SELECT * FROM jobs WHERE name=? ORDER BY seq DESC", (ref,)).fetchone()
+        if row is None and ref.lstrip("#").isdigit():
+            row = self.db.execute("SELECT * FROM jobs WHERE seq=?", (int(ref.lstrip("#")),)).fetchone()
+        return self._row(row) if row is not None else None
+
+    def transition(self, job_id: str, from_states: Iterable[str], to_state: str,
+                   *, user_retry: bool = False, **fields: Any) -> bool:
+        """Compare-and-set: move ``job_id`` to ``to_state`` only if it is in ``from_states``."""
+        srcs = [s for s in from_states if S.allowed(s, to_state, user_retry=user_retry)]
+        if not srcs:
+            return False
+        sets = ["state=?"]
+        vals: list[Any] = [to_state]
+        for k, v in fields.items():
+            sets.append("%s=?" % k)
+            vals.append(json.dumps(v) if k in JSON_COLS else v)
+        q = "UPDATE jobs SET %s WHERE id=? AND state IN (%s)" % (", ".join(sets), ",".join("?" * len(srcs)))
+        cur = self.db.execute(q, vals + [job_id] + srcs)
+        ok = cur.rowcount == 1
+        if ok:
+            self.add_event(job_id, "state", "info", "%s -> %s" % ("|".join(srcs), to_state),
+                           {"to": to_state, **{k: v for k, v in fields.items() if k in ("exit_code", "attempt", "reason")}})
+        return ok
+
+    def update_fields(self, job_id: str, in_states: Iterable[str], **fields: Any) -> bool:
+        """Set non-state fields (pid, cancel flag) only while the job is in ``in_states``."""
+        st = list(in_states)
+        sets = ", ".join("%s=?" % k for k in fields)
+        vals = [json.dumps(v) if k in JSON_COLS else v for k, v in fields.items()]
+        q = "UPDATE jobs SET %s WHERE id=? AND state IN (%s)" % (sets, ",".join("?" * len(st)))
+        return self.db.execute(q, vals + [job_id] + st).rowcount == 1
+
+    # --- events ----------------------------------------------------------------------
+    def add_event(self, job_id: Optional[str], kind: str, severity: str, message: str,
+                  data: Optional[dict] = None) -> int:
+        if severity not in SEVERITIES:
+            severity = "info"
+        cur = self.db.execute(
+            "INSERT INTO events (ts, job_id, kind, severity, message, data) VALUES (?,?,?,?,?,?)",
+            (time.time(), job_id, kind, severity, message, json.dumps(data, default=str) if data else None))
+        return int(cur.lastrowid)
+
+    def events(self, since_id: int = 0, job_id: Optional[str] = None, limit: int = 1000) -> list[dict]:
+        if job_id is None:
+            rows = self.db.execute("SELECT * FROM events WHERE id>? ORDER BY id LIMIT ?", (since_id, limit))
+        else:
+            rows = self.db.execute("SELECT * FROM events WHERE id>? AND job_id=? ORDER BY id LIMIT ?",
+                                   (since_id, job_id, limit))
+        out = []
+        for r in rows.fetchall():
+            d = dict(r)
+            d["data"] = json.loads(d["data"]) if d["data"] else {}
+            out.append(d)
+        return out
+
+    # --- kv ----------------------------------------------------------------------------
+    def kv_get(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def kv_set(self, key: str, value: Any) -> None:
+        self.db.execute("INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, json.dumps(value, default=str)))

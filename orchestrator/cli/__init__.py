@@ -1,0 +1,1 @@
+"""The click CLI: thin commands over ``orchestrator.core``; the one place errors become exit codes."""

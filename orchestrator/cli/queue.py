@@ -1,0 +1,209 @@
+"""``gpurun queue``: submit, status, logs, cancel, retry."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sys
+import time
+
+import click
+
+from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, iso
+
+HOST_OPT = click.option("--host", "host", default=None, metavar="NAME",
+                        help="Host to act on (default: local, or $GPURUN_HOST).")
+
+
+@click.group()
+def queue() -> None:
+    """Submit, inspect, cancel and retry queued jobs."""
+
+
+def json_job(j: dict) -> dict:
+    """The documented ``--json`` shape of one job."""
+    return {"id": j["id"], "number": j["seq"], "name": j["name"], "state": j["state"],
+            "exit_code": j["exit_code"], "attempt": j["attempt"], "gpus": j["gpus"], "gpu_ids": j["gpu_ids"],
+            "command": j["command"], "cwd": j["cwd"], "log": j["log"], "run_dir": j["run_dir"],
+            "reason": j["reason"], "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
+            "ended_at": iso(j["ended_at"])}
+
+
+@queue.command()
+@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@HOST_OPT
+@click.option("--wait", is_flag=True, help="Block until every submitted job is finished; exit 1 if any failed.")
+@click.option("--from", "start", type=click.IntRange(min=1), default=1, metavar="N",
+              help="Start at the N-th job of the file (jobs, not lines).")
+@click.option("--slots", type=click.IntRange(min=1), default=None,
+              help="Jobs at a time on a host without GPUs (remembered for the host).")
+@click.option("--cwd", default=None, help="Working directory for jobs without cwd= (default: here, or the host's workdir).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def submit(file: str, host: str | None, wait: bool, start: int, slots: int | None, cwd: str | None,
+           as_json: bool) -> None:
+    """Submit the jobs of a queue FILE (one shell command per line)."""
+    from orchestrator import hosts as hostinv
+    from orchestrator.core.queue import to_jobs, wait_for
+    from orchestrator.core.session import open_session
+    from orchestrator.queuefile import parse_file, select
+
+    specs = select(parse_file(file), start)
+    entry = hostinv.get_host(host)
+    if slots is not None:
+        hostinv.update_host(entry["name"], slots=slots)
+        entry = hostinv.get_host(entry["name"])
+    jobs, warnings = to_jobs(specs, entry, file, cwd)
+    err = console(stderr=True)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    with open_session(host=entry) as s:
+        res = s.call("submit", {"jobs": jobs})
+        added, present = res["added"], res["present"]
+        if as_json and not wait:
+            emit_json({"host": entry["name"], "added": added, "present": present})
+        elif not as_json:
+            msg = f"submitted {len(added)} job(s) to {entry['name']}"
+            if present:
+                msg += f"; {len(present)} already queued or done (same job), not added again"
+            err.print(msg)
+        if not wait:
+            return
+        ids = [j["id"] for j in jobs]
+
+        def show(rows: list[dict]) -> None:
+            if as_json:
+                return
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["state"]] = counts.get(r["state"], 0) + 1
+            err.print("  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items())))
+
+        final = wait_for(s, ids, on_change=show)
+    if as_json:
+        emit_json({"host": entry["name"], "jobs": [json_job(j) for j in final]})
+    else:
+        render_table(entry["name"], final)
+    bad = [j for j in final if j["state"] != "succeeded"]
+    if bad:
+        sys.exit(1)
+
+
+def render_table(host: str, jobs: list[dict]) -> None:
+    from rich.table import Table
+    table = Table(title=f"queue on {host}", title_justify="left")
+    for col in ("#", "name", "state", "exit", "try", "gpus", "runtime", "id"):
+        table.add_column(col, no_wrap=col in ("#", "state", "id"))
+    now = time.time()
+    for j in jobs:
+        runtime = None
+        if j["started_at"]:
+            runtime = (j["ended_at"] or now) - j["started_at"]
+        state = f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]"
+        if j.get("reason") and j["state"] in ("failed", "quality_stopped", "queued"):
+            state += f"\n[dim]{j['reason'][:60]}[/]"
+        gpus = ",".join(str(g) for g in j["gpu_ids"]) if j["gpu_ids"] else ""
+        table.add_row(str(j["seq"]), j["name"], state, "" if j["exit_code"] is None else str(j["exit_code"]),
+                      str(j["attempt"]), gpus, human_duration(runtime), j["id"])
+    console().print(table)
+
+
+def _status_of(name: str) -> dict:
+    from orchestrator.core.session import open_session
+    with open_session(name) as s:
+        return {"host": name, "jobs": s.call("status", {})["jobs"]}
+
+
+@queue.command()
+@HOST_OPT
+@click.option("--all-hosts", is_flag=True, help="Query every host in the inventory, in parallel.")
+@click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape.")
+def status(host: str | None, all_hosts: bool, as_json: bool) -> None:
+    """Show the jobs on a host and their states."""
+    from orchestrator import hosts as hostinv
+    from orchestrator.errors import GpurunError
+    if not all_hosts:
+        res = _status_of(hostinv.get_host(host)["name"])
+        if as_json:
+            emit_json({"host": res["host"], "jobs": [json_job(j) for j in res["jobs"]]})
+        else:
+            render_table(res["host"], res["jobs"])
+        return
+    names = sorted(hostinv.load_hosts())
+    out, failed = [], False
+    with cf.ThreadPoolExecutor(max_workers=min(32, len(names))) as pool:
+        futs = {pool.submit(_status_of, n): n for n in names}
+        results = {}
+        for fut in cf.as_completed(futs):
+            n = futs[fut]
+            try:
+                results[n] = fut.result()
+            except GpurunError as exc:
+                results[n] = {"host": n, "error": exc.message, "jobs": []}
+                failed = True
+    for n in names:
+        r = results[n]
+        out.append({"host": n, "jobs": [json_job(j) for j in r["jobs"]], **({"error": r["error"]} if "error" in r else {})})
+        if not as_json:
+            if "error" in r:
+                console().print(f"[red]{n}: {r['error']}[/]")
+            else:
+                render_table(n, r["jobs"])
+    if as_json:
+        emit_json({"hosts": out})
+    if failed:
+        sys.exit(1)
+
+
+@queue.command()
+@click.argument("job")
+@HOST_OPT
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("--tail", "tail_kb", type=int, default=64, show_default=True, help="KiB of the end of the log to show.")
+def logs(job: str, host: str | None, follow: bool, tail_kb: int) -> None:
+    """Print a job's log (JOB is a name, id or number)."""
+    from orchestrator.core.session import open_session
+    out = click.get_text_stream("stdout")
+    with open_session(host) as s:
+        res = s.call("logs", {"job": job, "offset": -1, "tail_bytes": tail_kb * 1024})
+        out.write(res["data"])
+        out.flush()
+        while follow and res["job"]["state"] in ("queued", "running"):
+            time.sleep(0.5)
+            res = s.call("logs", {"job": res["job"]["id"], "offset": res["offset"]})
+            out.write(res["data"])
+            out.flush()
+        if follow:  # drain what was written between the last read and the end
+            res = s.call("logs", {"job": res["job"]["id"], "offset": res["offset"]})
+            out.write(res["data"])
+
+
+@queue.command()
+@click.argument("jobs", nargs=-1)
+@HOST_OPT
+@click.option("--all", "all_", is_flag=True, help="Cancel every queued and running job.")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(jobs: tuple[str, ...], host: str | None, all_: bool, as_json: bool) -> None:
+    """Cancel jobs: queued ones at once, running ones with TERM then KILL after a grace."""
+    from orchestrator.core.session import open_session
+    from orchestrator.errors import BadInput
+    if not jobs and not all_:
+        raise BadInput("name the job(s) to cancel, or pass --all", "e.g. `gpurun queue cancel 3` or `--all`")
+    with open_session(host) as s:
+        res = s.call("cancel", {"jobs": list(jobs), "all": all_})
+    if as_json:
+        emit_json(res)
+        return
+    for c in res["cancelled"] or [{"name": "(none)", "result": "nothing to cancel"}]:
+        click.echo(f"{c['name']}: {c['result']}")
+
+
+@queue.command()
+@click.argument("job")
+@HOST_OPT
+@click.option("--force", is_flag=True, help="Skip the quality gate for this resume (recorded in the job's history).")
+def retry(job: str, host: str | None, force: bool) -> None:
+    """Run a finished job again (the resume gate judges its metrics first)."""
+    from orchestrator.core.session import open_session
+    with open_session(host) as s:
+        res = s.call("retry", {"job": job, "force": force})
+    j = res["job"]
+    click.echo(f"{j['name']}: queued again (attempt {j['attempt'] + 1}){' with --force' if force else ''}")

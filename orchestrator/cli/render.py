@@ -1,0 +1,37 @@
+"""Shared rendering helpers for the CLI: rich tables, state colours, durations, JSON out."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+STATE_STYLE = {"queued": "cyan", "running": "yellow", "succeeded": "green", "failed": "red",
+               "cancelled": "magenta", "quality_stopped": "bold red"}
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

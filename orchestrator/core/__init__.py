@@ -1,0 +1,1 @@
+"""Use cases as plain functions over hosts, transports and the agent."""

@@ -1,0 +1,61 @@
+"""LocalTransport: the Transport contract on this machine (the embedded ``local`` host)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Sequence
+
+from orchestrator.errors import TransportError
+from orchestrator.transport.base import RunResult
+
+
+class LocalTransport:
+    name = "local"
+
+    def __init__(self, host: dict | None = None):
+        self.host = host or {"name": "local"}
+
+    def run(self, command: str, *, input: str | bytes | None = None, timeout: float | None = None,
+            env: dict[str, str] | None = None) -> RunResult:
+        full_env = dict(os.environ, **env) if env else None
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            proc = subprocess.run(["/bin/sh", "-c", command], input=data, capture_output=True,
+                                  timeout=timeout, env=full_env)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"local command timed out after {timeout}s",
+                                 "the command may still be running; check with `gpurun queue status`") from exc
+        return RunResult(proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                         proc.stderr.decode("utf-8", "replace"))
+
+    def put(self, local_path: str, remote_path: str) -> None:
+        os.makedirs(os.path.dirname(remote_path) or ".", exist_ok=True)
+        tmp = f"{remote_path}.{os.getpid()}.tmp"
+        shutil.copyfile(local_path, tmp)
+        os.replace(tmp, remote_path)
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        self.put(remote_path, local_path)
+
+    def sync(self, local_dir: str, remote_dir: str, *, excludes: Sequence[str] = ()) -> dict:
+        src, dst = os.path.abspath(local_dir), os.path.abspath(remote_dir)
+        if src == dst:
+            return {"method": "none", "files": 0, "bytes": 0}
+        if shutil.which("rsync"):
+            args = ["rsync", "-a", "--delete"] + [f"--exclude={e}" for e in excludes] + [src + "/", dst + "/"]
+            os.makedirs(dst, exist_ok=True)
+            proc = subprocess.run(args, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise TransportError(f"rsync failed: {proc.stderr.strip()[:300]}")
+            return {"method": "rsync", "files": None, "bytes": None}
+        ignore = shutil.ignore_patterns(*excludes) if excludes else None
+        shutil.copytree(src, dst, dirs_exist_ok=True, ignore=ignore)
+        return {"method": "copy", "files": None, "bytes": None}
+
+    def check(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

@@ -77,6 +77,9 @@ def _split_block(raw: str, where: str) -> tuple[str, str]:
             quote = ch
         elif ch == "]":
             return raw[1:i], raw[i + 1:].strip()
+    if quote:
+        raise QueueFileError(f"{where}: quote {quote} in the option block is never closed",
+                             "close every quote inside [ ... ], e.g. [name=\"my run\"]")
     raise QueueFileError(f"{where}: option block opened with '[' is never closed",
                          "write options as [name=x gpus=1] followed by the command")
 

@@ -22,7 +22,7 @@ ALL = tuple(ORDER)
 # (from, to) pairs the runner may take; RUNNING -> QUEUED is a retry of an interrupted or
 # failed attempt within the job's budget.
 RUNNER_MOVES = {
-    (QUEUED, RUNNING), (QUEUED, CANCELLED), (QUEUED, QUALITY_STOPPED),
+    (QUEUED, RUNNING), (QUEUED, CANCELLED), (QUEUED, QUALITY_STOPPED), (QUEUED, FAILED),
     (RUNNING, SUCCEEDED), (RUNNING, FAILED), (RUNNING, CANCELLED), (RUNNING, QUALITY_STOPPED),
     (RUNNING, QUEUED),
 }

@@ -108,7 +108,7 @@ def v_retry(ctx: Any, req: dict) -> dict:
     if not ok:
         raise VerbError("job %s changed state while retrying; try again" % job["name"], "conflict")
     daemon.wake(ctx.state_dir)
-    return {"job": public(ctx.store.get_job(job["id"]))}
+    return {"job": public(ctx.store.get_job(job["id"])), "next_attempt": job["attempt"] + 1}
 
 
 def v_events(ctx: Any, req: dict) -> dict:

@@ -206,4 +206,4 @@ def retry(job: str, host: str | None, force: bool) -> None:
     with open_session(host) as s:
         res = s.call("retry", {"job": job, "force": force})
     j = res["job"]
-    click.echo(f"{j['name']}: queued again (attempt {j['attempt'] + 1}){' with --force' if force else ''}")
+    click.echo(f"{j['name']}: queued again (attempt {res['next_attempt']}){' with --force' if force else ''}")

@@ -39,7 +39,7 @@ def host_config(host: dict) -> dict:
     except ImportError:
         prof = None
     if prof is not None:
-        for key in ("watchdog", "quality", "autostop", "paths", "detach", "recovery"):
+        for key in ("watchdog", "quality", "autostop", "paths", "detach", "recovery", "reap"):
             val = prof.get(key)
             if val is not None:
                 cfg[key] = val

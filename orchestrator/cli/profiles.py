@@ -1,0 +1,145 @@
+"""``gpurun profiles ls|show``: what each provider profile says, in plain words.
+
+JSON shapes (contract): ``ls --json`` -> ``{"profiles": [ROW], "errors": [{"name", "error",
+"hint"}]}``; ``show --json`` -> ``{"name", "source", "layers", "profile": {...}, "plain": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from orchestrator.errors import ProfileError
+
+
+def _row(p) -> dict:
+    d = p.data
+    return {
+        "name": p.name, "kind": d["kind"], "description": d["description"],
+        "source": p.source, "layers": p.layers,
+        "meter_stop": d["meter_stop"]["name"],
+        "meter_stop_irreversible": d["meter_stop"]["irreversible"],
+        "destroy": d["destroy"]["name"],
+        "bills_when_stopped": d["billing"]["when_stopped"],
+        "danger_clocks": [f"{c['name']}: after {c['after']}" for c in d["danger_clocks"]],
+        "spot": d["spot"]["available"], "detach": d["detach"], "boot_hook": d["boot_hook"],
+        "credential_env": (d["api"] or {}).get("credential_env"),
+        "checked": d["checked"],
+    }
+
+
+@click.group()
+def profiles() -> None:
+    """List and show provider profiles (shipped, and yours in ~/.config/gpurun/profiles)."""
+
+
+@profiles.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape.")
+def ls_cmd(as_json: bool) -> None:
+    """One line per profile: meter-stop verb, what bills when stopped, danger clocks."""
+    from orchestrator.profiles import available_names, load_profile
+
+    rows, errors = [], []
+    for name in available_names():
+        try:
+            rows.append(_row(load_profile(name)))
+        except ProfileError as exc:
+            errors.append({"name": name, "error": str(exc), "hint": exc.hint})
+    if as_json:
+        click.echo(json.dumps({"profiles": rows, "errors": errors}, indent=2,
+                              ensure_ascii=False))
+    else:
+        _table(rows)
+    for e in errors:
+        click.echo(f"gpurun: error: {e['error']}", err=True)
+        if e["hint"]:
+            click.echo(f"  hint: {e['hint']}", err=True)
+    if errors:
+        raise SystemExit(2)
+
+
+def _table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_lines=False, pad_edge=False)
+    for col in ("profile", "kind", "meter stop", "bills when stopped", "danger clocks",
+                "detach"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        verb = r["meter_stop"] + (" [red](irreversible)[/red]"
+                                  if r["meter_stop_irreversible"] else "")
+        t.add_row(r["name"], r["kind"], verb,
+                  "\n".join(r["bills_when_stopped"]) or "-",
+                  "\n".join(r["danger_clocks"]) or "-", r["detach"])
+    import sys
+
+    # Piped output gets a wide table instead of an 80-column squeeze.
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+
+
+@profiles.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged profile as JSON.")
+def show_cmd(name: str, as_json: bool) -> None:
+    """Everything profile NAME says, with its traps spelled out."""
+    from orchestrator.profiles import load_profile, plain_words
+
+    p = load_profile(name)
+    plain = plain_words(p)
+    if as_json:
+        click.echo(json.dumps({"name": p.name, "source": p.source, "layers": p.layers,
+                               "profile": p.data, "plain": plain}, indent=2,
+                              ensure_ascii=False))
+        return
+    d = p.data
+    out = [f"{p.name}: {d['description']}",
+           f"  kind {d['kind']}; facts checked {d['checked']}; from {', '.join(p.layers)}"]
+    for s in d["sources"]:
+        out.append(f"  source: {s}")
+    if d["ssh"]:
+        ssh = d["ssh"]
+        out.append(f"SSH: {ssh['form']}")
+        if ssh.get("port_changes"):
+            out.append(f"  port/IP changes: {ssh['port_changes']}")
+        if ssh.get("note"):
+            out.append(f"  {ssh['note']}")
+    pa = d["paths"]
+    out.append(f"Paths: work {pa['workdir']}; agent state {pa['state_dir']}; "
+               f"caches {pa['cache_dir']}"
+               + (f"; durable {pa['durable_dir']}" if pa.get("durable_dir") else ""))
+    out.append("Storage tiers:")
+    for t in d["storage"]:
+        keeps = ("survives stop" if t["survives_stop"] else "WIPED ON STOP") + ", " + (
+            "survives destroy" if t["survives_destroy"] else "gone on destroy")
+        net = ", network filesystem" if t["network_fs"] else ""
+        out.append(f"  {t['name']:<15} {t['path']:<20} {keeps}{net}")
+        if t.get("note"):
+            out.append(f"  {'':<15} {t['note']}")
+    out += plain["meter"] + plain["bills_when_stopped"] + plain["danger_clocks"]
+    out += [f"Trap: {t}" for t in plain["traps"]]
+    out.append(f"Detach: {d['detach']}; boot hook: {d['boot_hook']}")
+    net = d["network"]
+    if net.get("proxy_hook") or net.get("env"):
+        out.append(f"Network: proxy hook {net.get('proxy_hook') or 'none'}; env "
+                   + (", ".join(f"{k}={v}" for k, v in (net.get("env") or {}).items())
+                      or "none"))
+    if d["api"]:
+        api = d["api"]
+        state = "set" if os.environ.get(api["credential_env"]) else "NOT set"
+        out.append(f"API: {api['base_url']} ({api['auth']}); credential from env var "
+                   f"{api['credential_env']} ({state} here)")
+    w = d["watchdog"]
+    out.append(f"Watchdog: every {w['interval_s']:g} s; stalled after {w['stall_after_s']:g} s "
+               f"without log progress; disk {w['disk_pct']:g}%, inodes {w['inode_pct']:g}%, "
+               f"cgroup memory {w['cgroup_mem_pct']:g}%; VRAM zombies listed after "
+               f"{d['reap']['min_age_s']:g} s, reaped only on request")
+    acts = [f"{k}={v}" for k, v in w["policy"].items() if v in ("kill", "requeue")]
+    if acts:
+        out.append("  watchdog acts on its own: " + ", ".join(acts))
+    out.append(f"Quality gate: {d['quality']['action']}; on preemption: "
+               f"{d['recovery']['on_preempt']}; autostop: "
+               f"{'on' if d['autostop']['enabled'] else 'off'}")
+    click.echo("\n".join(out))

@@ -1,0 +1,308 @@
+"""The provider-profile schema and its hand-written validator.
+
+Owns the shape of a profile (``SCHEMA``), the YAML-node line map used to name FILE:LINE in
+errors, and the checks no type system can express (secret-looking keys, state-dir tier).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from orchestrator.errors import ProfileError
+
+# --- the schema DSL ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class T:
+    """One value spec. ``kind``: str|int|num|bool|list|map|obj. ``fields`` for obj,
+    ``item`` for list/map values, ``choices`` for enums, ``check`` a predicate + message."""
+
+    kind: str
+    required: bool = False
+    nullable: bool = False
+    choices: tuple = ()
+    item: "T | None" = None
+    fields: dict = field(default_factory=dict)
+    minimum: float | None = None
+    maximum: float | None = None
+    check: tuple[Callable[[Any], bool], str] | None = None
+
+
+def Str(**kw: Any) -> T: return T("str", **kw)
+def Int(**kw: Any) -> T: return T("int", **kw)
+def Num(**kw: Any) -> T: return T("num", **kw)
+def Bool(**kw: Any) -> T: return T("bool", **kw)
+def List(item: T, **kw: Any) -> T: return T("list", item=item, **kw)
+def Map(item: T, **kw: Any) -> T: return T("map", item=item, **kw)
+def Obj(fields: dict, **kw: Any) -> T: return T("obj", fields=fields, **kw)
+
+
+_ENV_NAME = (lambda v: re.fullmatch(r"[A-Z_][A-Z0-9_]*", v) is not None,
+             "an environment variable NAME such as RUNPOD_API_KEY")
+_URL = (lambda v: re.match(r"https?://[^\s]+$", v) is not None, "an http(s):// URL")
+_MONTH = (lambda v: re.fullmatch(r"20\d\d-(0[1-9]|1[0-2])(-\d\d)?", v) is not None,
+          "a date like 2026-06")
+
+# Mirrors orchestrator/health/watchdog.py (the consumer on the host); a test keeps them equal.
+POLICY_ACTIONS = ("record", "notify", "kill", "requeue")
+JOB_EVENTS = ("process_gone", "stalled", "data_bound", "no_gpu_memory")
+HOST_EVENTS = ("cgroup_memory_high", "oom_kill", "disk_full", "inodes_full", "reboot",
+               "gpu_fail", "gpu_warn")
+
+HOW = Obj({"command": Str(nullable=True), "api": Str(nullable=True),
+           "console": Str(nullable=True)}, required=True)
+VERB = Obj({"name": Str(required=True), "description": Str(required=True),
+            "irreversible": Bool(required=True), "how": HOW}, required=True)
+
+SCHEMA = Obj({
+    "name": Str(required=True),
+    "description": Str(required=True),
+    "kind": Str(required=True, choices=("local", "ssh", "ssh-rental", "cloud-api")),
+    "extends": Str(),
+    "sources": List(Str(), required=True),
+    "checked": Str(required=True, check=_MONTH),
+    "ssh": Obj({
+        "user": Str(nullable=True), "port": Int(nullable=True, minimum=1, maximum=65535),
+        "form": Str(required=True), "scp_works": Bool(), "port_changes": Str(nullable=True),
+        "note": Str(),
+    }, nullable=True, required=True),
+    "paths": Obj({
+        "workdir": Str(required=True), "state_dir": Str(required=True),
+        "cache_dir": Str(required=True), "durable_dir": Str(nullable=True),
+    }, required=True),
+    "storage": List(Obj({
+        "name": Str(required=True), "path": Str(required=True),
+        "survives_stop": Bool(required=True), "survives_destroy": Bool(required=True),
+        "network_fs": Bool(required=True), "note": Str(),
+    }), required=True),
+    "meter_stop": VERB,
+    "destroy": VERB,
+    "billing": Obj({"when_stopped": List(Str(), required=True), "traps": List(Str())},
+                   required=True),
+    "danger_clocks": List(Obj({"name": Str(required=True), "after": Str(required=True),
+                               "what": Str(required=True)}), required=True),
+    "spot": Obj({"available": Bool(required=True), "grace_s": Num(nullable=True, minimum=0),
+                 "signal": Str(nullable=True)}, required=True),
+    "detach": Str(required=True, choices=("setsid", "tmux")),
+    "boot_hook": Str(required=True, choices=("none", "cron_reboot", "vast_onstart",
+                                             "systemd_user")),
+    "network": Obj({"proxy_hook": Str(nullable=True), "env": Map(Str()),
+                    "note": Str()}, required=True),
+    "api": Obj({"base_url": Str(required=True, check=_URL),
+                "credential_env": Str(required=True, check=_ENV_NAME),
+                "auth": Str(required=True, choices=("bearer", "basic", "raw-header")),
+                "note": Str()}, nullable=True, required=True),
+    "watchdog": Obj({
+        "interval_s": Num(required=True, minimum=1),
+        "stall_after_s": Num(required=True, minimum=1),
+        "no_gpu_grace_s": Num(required=True, minimum=1),
+        "idle_util_pct": Num(required=True, minimum=0.01, maximum=100),
+        "cgroup_mem_pct": Num(required=True, minimum=1, maximum=100),
+        "disk_pct": Num(required=True, minimum=1, maximum=100),
+        "inode_pct": Num(required=True, minimum=1, maximum=100),
+        "paths": List(Str()), "device_glob": List(Str()),
+        "policy": Obj({**{e: Str(choices=POLICY_ACTIONS) for e in JOB_EVENTS},
+                       **{e: Str(choices=("record", "notify")) for e in HOST_EVENTS}},
+                      required=True),
+    }, required=True),
+    "reap": Obj({"min_age_s": Num(required=True, minimum=0)}, required=True),
+    "quality": Obj({"action": Str(required=True, choices=("alert", "stop", "ignore"))},
+                   required=True),
+    "recovery": Obj({"on_preempt": Str(required=True, choices=("wait", "restart", "replace"))},
+                    required=True),
+    "autostop": Obj({"enabled": Bool(required=True), "idle_minutes": Num(minimum=1),
+                     "require_verified_pull": Bool()}, required=True),
+})
+
+# A key NAME that holds a secret value rather than the name of an env var holding it.
+_SECRET_KEY = re.compile(
+    r"(?i)(^|[_-])(api[_-]?key|apikey|token|secret|password|passwd|private[_-]?key|"
+    r"access[_-]?key|credentials?|auth[_-]?token)$")
+# Values that look like a pasted credential, whatever key they sit under.
+_SECRET_VALUE = re.compile(
+    r"^(sk-[A-Za-z0-9]{16,}|rpa_[A-Za-z0-9]{16,}|ghp_[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}|"
+    r"AKIA[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----.*)", re.S)
+
+SECRET_HINT = ("profiles never hold secret values: put the NAME of an environment variable "
+               "under api.credential_env and export the secret in your shell")
+
+
+# --- line marks --------------------------------------------------------------------------
+
+def node_marks(node: Any, source: str, path: tuple = (), out: dict | None = None) -> dict:
+    """Map every key path (tuple of keys / list indexes) to ``(source, 1-based line)``."""
+    import yaml
+
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            p = path + (key_node.value,)
+            out[p] = (source, key_node.start_mark.line + 1)
+            node_marks(value_node, source, p, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[path + (i,)] = (source, item.start_mark.line + 1)
+            node_marks(item, source, path + (i,), out)
+    return out
+
+
+def dotted(path: tuple) -> str:
+    s = ""
+    for p in path:
+        s += f"[{p}]" if isinstance(p, int) else (("." if s else "") + str(p))
+    return s or "(top level)"
+
+
+# --- validator ---------------------------------------------------------------------------
+
+class Validator:
+    """Checks one document against ``SCHEMA``; ``partial`` skips required-key checks (for
+    override files that only change a few keys)."""
+
+    def __init__(self, source: str, marks: dict, partial: bool = False):
+        self.source, self.marks, self.partial = source, marks, partial
+
+    def where(self, path: tuple) -> str:
+        """``file:line`` of the nearest key on ``path`` that some file set."""
+        while path:
+            if path in self.marks:
+                src, line = self.marks[path]
+                return f"{src}:{line}"
+            path = path[:-1]
+        # A key missing at the top level: point at the document's start.
+        return f"{self.source}:1" if self.source.endswith((".yaml", ".yml")) else self.source
+
+    def fail(self, path: tuple, msg: str, hint: str) -> None:
+        raise ProfileError(f"{self.where(path)}: key '{dotted(path)}': {msg}", hint)
+
+    def validate(self, data: Any, spec: T = SCHEMA, path: tuple = ()) -> None:
+        if data is None:
+            if not path:
+                self.fail(path, "the file is empty", "a profile is a YAML mapping of keys")
+            if not spec.nullable:
+                self.fail(path, "must not be empty", _expect(spec))
+            return
+        k = spec.kind
+        if k == "obj":
+            self._obj(data, spec, path)
+        elif k in ("list", "map"):
+            ok = isinstance(data, list) if k == "list" else isinstance(data, dict)
+            if not ok:
+                self.fail(path, f"expected {_expect(spec)}, got {_show(data)}", _expect(spec))
+            items = enumerate(data) if k == "list" else data.items()
+            for key, v in items:
+                if k == "map":
+                    self._check_secret_key(str(key), path + (key,), v)
+                self.validate(v, spec.item, path + (key,))
+        else:
+            self._scalar(data, spec, path)
+
+    def _obj(self, data: Any, spec: T, path: tuple) -> None:
+        if not isinstance(data, dict):
+            self.fail(path, f"expected a mapping of keys, got {_show(data)}",
+                      "indent the keys below it, one per line")
+        for key, value in data.items():
+            skey = str(key)
+            self._check_secret_key(skey, path + (skey,), value)
+            if skey not in spec.fields:
+                near = difflib.get_close_matches(skey, list(spec.fields), n=1, cutoff=0.6)
+                hint = (f"did you mean '{near[0]}'?" if near else
+                        "known keys here: " + ", ".join(sorted(spec.fields)))
+                self.fail(path + (skey,), "unknown key", hint)
+            self.validate(value, spec.fields[skey], path + (skey,))
+        if not self.partial:
+            for name, sub in spec.fields.items():
+                if sub.required and name not in data:
+                    self.fail(path + (name,) if path else (name,), "missing required key",
+                              f"add '{name}:' ({_expect(sub)})"
+                              + (f" under '{dotted(path)}'" if path else ""))
+
+    def _scalar(self, v: Any, spec: T, path: tuple) -> None:
+        k = spec.kind
+        ok = {"str": isinstance(v, str),
+              "int": isinstance(v, int) and not isinstance(v, bool),
+              "num": isinstance(v, (int, float)) and not isinstance(v, bool),
+              "bool": isinstance(v, bool)}[k]
+        if not ok:
+            self.fail(path, f"expected {_expect(spec)}, got {_show(v)}", _expect(spec)
+                      + (" (quote it if it is text)" if k == "str" else ""))
+        if spec.choices and v not in spec.choices:
+            near = difflib.get_close_matches(str(v), [str(c) for c in spec.choices], n=1)
+            self.fail(path, f"{v!r} is not one of {', '.join(spec.choices)}",
+                      f"did you mean '{near[0]}'?" if near else "pick one of the listed values")
+        if spec.minimum is not None and v < spec.minimum:
+            self.fail(path, f"{v} is below the minimum {spec.minimum:g}", _expect(spec))
+        if spec.maximum is not None and v > spec.maximum:
+            self.fail(path, f"{v} is above the maximum {spec.maximum:g}", _expect(spec))
+        if spec.check and not spec.check[0](v):
+            self.fail(path, f"{v!r} is not {spec.check[1]}", f"write {spec.check[1]}")
+        if k == "str" and _SECRET_VALUE.match(v.strip()):
+            self.fail(path, "the value looks like a secret (a key or token)", SECRET_HINT)
+
+    def _check_secret_key(self, key: str, path: tuple, value: Any) -> None:
+        if _SECRET_KEY.search(key) and value not in (None, ""):
+            self.fail(path, "looks like a secret value", SECRET_HINT)
+
+
+def _expect(spec: T) -> str:
+    base = {"str": "text", "int": "a whole number", "num": "a number",
+            "bool": "true or false", "list": "a list (- item per line)",
+            "map": "a mapping of NAME: value", "obj": "a mapping of keys"}[spec.kind]
+    if spec.choices:
+        base = "one of " + ", ".join(spec.choices)
+    if spec.minimum is not None or spec.maximum is not None:
+        lo = "" if spec.minimum is None else f" >= {spec.minimum:g}"
+        hi = "" if spec.maximum is None else f" <= {spec.maximum:g}"
+        base += lo + (" and" if lo and hi else "") + hi
+    return base + (" or null" if spec.nullable else "")
+
+
+def _show(v: Any) -> str:
+    name = {bool: "a boolean", int: "a number", float: "a number", str: "text",
+            list: "a list", dict: "a mapping"}.get(type(v), type(v).__name__)
+    text = repr(v)
+    return f"{name} {text[:40]}" if not isinstance(v, (list, dict)) else name
+
+
+# --- cross-field rules -------------------------------------------------------------------
+
+def tier_for(path: str, tiers: list[dict]) -> dict | None:
+    """The storage tier holding ``path``: the longest tier path that is a prefix of it.
+    ``~`` and ``{data_home}`` paths live under the ``~`` tier if one is declared, else ``/``."""
+    def parts(p: str) -> list[str]:
+        return [x for x in p.strip().split("/") if x]
+
+    best, best_len = None, -1
+    for tier in tiers:
+        tp = tier["path"].rstrip("/") or "/"
+        if tp == "/":
+            match, n = True, 0
+        elif path.startswith("{data_home}"):
+            match, n = tp == "~", 1
+        else:
+            tparts, pparts = parts(tp), parts(path)
+            match, n = pparts[:len(tparts)] == tparts, len(tparts)
+            if not match and path.startswith("~") and tp == "~":
+                match, n = True, 1
+        if match and n > best_len:
+            best, best_len = tier, n
+    return best
+
+
+def check_state_dir(data: dict, v: Validator) -> None:
+    """The agent's SQLite must survive a stop and must not sit on a network filesystem."""
+    sd = data["paths"]["state_dir"]
+    tier = tier_for(sd, data["storage"])
+    p = ("paths", "state_dir")
+    if tier is None:
+        v.fail(p, f"{sd} is on no declared storage tier", "add a tier to 'storage:' holding it")
+    if tier["network_fs"]:
+        v.fail(p, f"{sd} is on tier '{tier['name']}', a network filesystem where SQLite "
+               "locking breaks", "put state_dir on a local disk tier that survives stop")
+    if not tier["survives_stop"]:
+        v.fail(p, f"{sd} is on tier '{tier['name']}', which is wiped on stop",
+               "put state_dir on a tier with survives_stop: true")

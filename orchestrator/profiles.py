@@ -1,0 +1,277 @@
+"""Provider profiles: load, merge and validate them.
+
+Precedence: ``DEFAULTS`` < shipped ``profiles/NAME.yaml`` < user file
+``$XDG_CONFIG_HOME/gpurun/profiles/NAME.yaml`` (deep merge; a new name adds a profile) < flags.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import paths
+from orchestrator.errors import ProfileError
+from orchestrator.profile_schema import Validator, check_state_dir, node_marks
+
+# Applied under every profile, so YAML files state only what differs per provider.
+DEFAULTS: dict[str, Any] = {
+    # Thresholds the on-host watchdog applies (orchestrator/health/watchdog.py). Killing or
+    # requeueing is never a default: findings are recorded or notified.
+    "watchdog": {
+        "interval_s": 60, "stall_after_s": 1200, "no_gpu_grace_s": 300, "idle_util_pct": 5,
+        "cgroup_mem_pct": 90, "disk_pct": 95, "inode_pct": 95,
+        "policy": {"process_gone": "record", "stalled": "notify", "data_bound": "record",
+                   "no_gpu_memory": "notify", "cgroup_memory_high": "notify",
+                   "oom_kill": "notify", "disk_full": "notify", "inodes_full": "notify",
+                   "reboot": "notify", "gpu_fail": "notify", "gpu_warn": "record"},
+    },
+    # VRAM zombies: a holder must be this old to be listed; reaping is always dry-run first.
+    "reap": {"min_age_s": 120},
+    "quality": {"action": "alert"},
+    "recovery": {"on_preempt": "wait"},
+    "autostop": {"enabled": False, "idle_minutes": 30, "require_verified_pull": True},
+}
+
+# The local profile, embedded so ``gpurun`` works without the profiles/ dir. It must stay
+# equal to profiles/local.yaml (a test compares them).
+EMBEDDED_LOCAL: dict[str, Any] = {
+    "name": "local",
+    "description": "This machine. No meter, no teardown, no eviction; you are the scheduler.",
+    "kind": "local",
+    "sources": ["remote-gpu-trainer profiles/local.md (892e567), via "
+                "anchor-and-platforms.md §2.10"],
+    "checked": "2026-06",
+    "ssh": None,
+    "paths": {"workdir": "{data_home}/hosts/{host}/work",
+              "state_dir": "{data_home}/hosts/{host}/agent",
+              "cache_dir": "~/.cache", "durable_dir": None},
+    "storage": [{"name": "own-disk", "path": "/", "survives_stop": True,
+                 "survives_destroy": True, "network_fs": False,
+                 "note": "Your own disk. A home directory on NFS is caught by gpurun setup, "
+                         "not here."}],
+    "meter_stop": {"name": "none",
+                   "description": "There is no meter; the machine costs only electricity.",
+                   "irreversible": False,
+                   "how": {"command": None, "api": None, "console": None}},
+    "destroy": {"name": "none",
+                "description": "Nothing to destroy; your files stay until you delete them.",
+                "irreversible": False,
+                "how": {"command": None, "api": None, "console": None}},
+    "billing": {"when_stopped": [], "traps": []},
+    "danger_clocks": [],
+    "spot": {"available": False, "grace_s": None, "signal": None},
+    "detach": "setsid",
+    "boot_hook": "none",
+    "network": {"proxy_hook": None, "env": {}},
+    "api": None,
+}
+
+EMBEDDED_SOURCE = "<embedded local profile>"
+
+
+@dataclass
+class Profile:
+    """A validated, merged profile. ``source`` is the file that defines it; ``layers`` lists
+    every file applied, lowest precedence first."""
+
+    name: str
+    data: dict
+    source: str
+    layers: list[str] = field(default_factory=list)
+    marks: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        cur: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(cur, dict) or part not in cur:
+                return default
+            cur = cur[part]
+        return cur
+
+    def path(self, key: str, host: str = "local") -> str:
+        """``paths.KEY`` with ``{host}`` and ``{data_home}`` filled in; ``~`` is left for
+        the host's shell to expand."""
+        raw = self.data["paths"][key]
+        if raw is None:
+            return ""
+        return raw.replace("{host}", host).replace("{data_home}", str(paths.data_home()))
+
+    @property
+    def meter_stop_irreversible(self) -> bool:
+        return bool(self.data["meter_stop"]["irreversible"])
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """``over`` wins; mappings merge key by key, lists and scalars replace."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _read(path: Path) -> tuple[Any, dict]:
+    """Parse one YAML file into (data, key-path -> (file, line)). Raises ProfileError with
+    the line of a syntax error."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc}",
+                           "check the file's permissions and that it is UTF-8") from None
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        data = loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError(f"{path}{line}: YAML syntax error: {what}",
+                           "check indentation and quoting on that line (tabs are not "
+                           "allowed; quote values containing ': ' or '#')") from None
+    finally:
+        loader.dispose()
+    return data, node_marks(node, str(path))
+
+
+def _check_file(path: Path, stem: str) -> tuple[dict, dict]:
+    """Types, unknown keys and secrets of one file on its own (required keys come later,
+    after merging)."""
+    data, marks = _read(path)
+    v = Validator(str(path), marks, partial=True)
+    v.validate(data)
+    if "name" in data and data["name"] != stem:
+        v.fail(("name",), f"name {data['name']!r} differs from the file name {stem!r}",
+               f"rename the file to {data['name']}.yaml or set name: {stem}")
+    return data, marks
+
+
+def _files(d: Path) -> dict[str, Path]:
+    return {p.stem: p for p in sorted(d.glob("*.yaml"))} if d.is_dir() else {}
+
+
+def available_names() -> list[str]:
+    """Every profile name: embedded ``local``, shipped files and user files."""
+    names = {"local"} | set(_files(paths.shipped_profiles_dir()))
+    return sorted(names | set(_files(paths.user_profiles_dir())))
+
+
+def load_profile(name: str, overrides: dict[str, Any] | None = None) -> Profile:
+    """Load, merge and validate profile ``name``. ``overrides`` maps dotted keys to values
+    (from CLI flags). Raises ProfileError naming file, line and key on any problem."""
+    return _load(name, overrides or {}, ())
+
+
+def _load(name: str, overrides: dict[str, Any], seen: tuple) -> Profile:
+    shipped = _files(paths.shipped_profiles_dir())
+    user = _files(paths.user_profiles_dir())
+    if name in seen:
+        raise ProfileError(f"profile {name!r}: 'extends' loops through "
+                           f"{' -> '.join(seen + (name,))}",
+                           "make one of them stop extending the other")
+    if name not in shipped and name not in user and name != "local":
+        names = available_names()
+        near = difflib.get_close_matches(name, names, n=1)
+        raise ProfileError(f"unknown profile {name!r}",
+                           (f"did you mean {near[0]!r}? " if near else "")
+                           + "available: " + ", ".join(names)
+                           + f"; add your own in {paths.user_profiles_dir()}")
+    data: dict = copy.deepcopy(DEFAULTS)
+    marks: dict = {}
+    layers: list[str] = []
+    source = ""
+    if name in shipped:
+        sdata, marks = _check_file(shipped[name], name)
+        data, source = deep_merge(data, sdata), str(shipped[name])
+        layers.append(source)
+    elif name == "local":
+        data, source = deep_merge(data, EMBEDDED_LOCAL), EMBEDDED_SOURCE
+        layers.append(source)
+    if name in user:
+        upath = user[name]
+        udata, umarks = _check_file(upath, name)
+        parent = udata.pop("extends", None)
+        if parent is not None:
+            if layers:
+                Validator(str(upath), umarks).fail(
+                    ("extends",), f"{name!r} is already a shipped profile; only a new "
+                    "profile can extend another", "remove 'extends:'; this file already "
+                    f"overrides the shipped {name!r}")
+            if parent not in available_names():
+                Validator(str(upath), umarks).fail(
+                    ("extends",), f"unknown profile {parent!r}",
+                    "available: " + ", ".join(available_names()))
+            base = _load(parent, {}, seen + (name,))
+            data, marks, layers = copy.deepcopy(base.data), dict(base.marks), list(base.layers)
+        data = deep_merge(data, udata)
+        data["name"] = name
+        marks.update(umarks)
+        layers.append(str(upath))
+        if not source:
+            source = str(upath)
+    if overrides:
+        data = _apply_flags(data, overrides)
+    validator = Validator(source, marks)
+    validator.validate(data)
+    check_state_dir(data, validator)
+    return Profile(name=name, data=data, source=source, layers=layers, marks=marks)
+
+
+def _apply_flags(data: dict, overrides: dict[str, Any]) -> dict:
+    """Set dotted keys from command-line flags; each is type-checked on its own first."""
+    nested: dict = {}
+    for key, value in overrides.items():
+        cur = nested
+        parts = key.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = value
+    Validator("command-line flag", {}, partial=True).validate(nested)
+    return deep_merge(data, nested)
+
+
+def list_profiles() -> list[Profile]:
+    """Every available profile, validated; the first invalid one raises ProfileError."""
+    return [load_profile(n) for n in available_names()]
+
+
+def plain_words(p: Profile) -> dict[str, list[str]]:
+    """The provider's money and data traps as sentences, for ``profiles show`` and ``setup``."""
+    d = p.data
+    ms, de = d["meter_stop"], d["destroy"]
+    rev = "IRREVERSIBLE" if ms["irreversible"] else "reversible"
+    stop = [f"To stop the meter: {ms['name']} ({rev}). {ms['description']}"]
+    if de["name"] != ms["name"] or de["description"] != ms["description"]:
+        drev = "IRREVERSIBLE" if de["irreversible"] else "reversible"
+        stop.append(f"To destroy: {de['name']} ({drev}). {de['description']}")
+    for verb in (ms, de) if de["name"] != ms["name"] else (ms,):
+        how = verb["how"]
+        ways = [f"{k}: {how[k]}" for k in ("console", "command", "api") if how.get(k)]
+        if ways:
+            stop.append(f"  how to {verb['name']}: " + "; ".join(ways))
+    bills = [f"Still bills when stopped: {b}" for b in d["billing"]["when_stopped"]]
+    clocks = [f"Danger clock '{c['name']}' (after {c['after']}): {c['what']}"
+              for c in d["danger_clocks"]]
+    traps = list(d["billing"].get("traps") or [])
+    spot = d["spot"]
+    if spot["available"]:
+        grace = spot["grace_s"]
+        traps.append(f"Spot/interruptible: grace {grace:g} s ({spot['signal']}); only "
+                     "timer checkpoints on a durable tier protect the work.")
+    lost = [t["name"] for t in d["storage"] if not t["survives_stop"]]
+    if lost:
+        traps.append("Wiped on stop: " + ", ".join(
+            f"{t['name']} ({t['path']})" for t in d["storage"] if not t["survives_stop"]))
+    return {"meter": stop, "bills_when_stopped": bills, "danger_clocks": clocks,
+            "traps": traps}
+

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command of the README: installs what the suite needs, then runs it.
+# Needs: OpenSSH server + client and rsync (the SSH tests start a real sshd on loopback),
+# and the Python test extras. Safe to run again; installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v /usr/sbin/sshd >/dev/null 2>&1 || need_apt+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
+command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${need_apt[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+"$PY" -m pip install -q -e ".[test]"
+exec "$PY" -m pytest -q "$@"

@@ -1,0 +1,109 @@
+"""The real agent on the local host: detached jobs, cancel, timeouts, retries, GPUs, stdin."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from rigs.agents import gpurun, status_json, wait_terminal
+
+
+def _write(tmp_path, text: str, name: str = "q.txt") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_job_environment_stdin_eof_and_exit_codes(home, tmp_path):
+    q = _write(tmp_path, "[name=env] echo \"$GPURUN_JOB_ID|$GPURUN_RUN_DIR|${CUDA_VISIBLE_DEVICES-unset}\"; "
+                         "read line; echo \"read-rc=$?\"\n[name=fails] exit 7\n")
+    res = gpurun("queue", "submit", q, "--wait")
+    assert res.returncode == 1, res.stderr          # one job failed -> --wait exits non-zero
+    jobs = {j["name"]: j for j in status_json()["jobs"]}
+    assert jobs["env"]["state"] == "succeeded" and jobs["fails"]["exit_code"] == 7
+    log = open(jobs["env"]["log"]).read()
+    jid, run_dir, cvd = log.splitlines()[1].split("|")
+    assert jid == jobs["env"]["id"] and run_dir == jobs["env"]["run_dir"] and cvd == "unset"
+    assert "read-rc=1" in log                          # stdin is /dev/null: EOF, never a hang
+
+
+def test_cancel_running_job_terminates_its_process_group(home, tmp_path):
+    marker = tmp_path / "child.pid"
+    q = _write(tmp_path, f"[name=long] sleep 300 & echo $! > {marker}; wait\n")
+    assert gpurun("queue", "submit", q).returncode == 0
+    deadline = time.time() + 20
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(marker.read_text())
+    res = gpurun("queue", "cancel", "long")
+    assert res.returncode == 0 and "stopping" in res.stdout
+    st = wait_terminal(timeout=30)
+    assert st["jobs"][0]["state"] == "cancelled"
+    time.sleep(0.2)
+    assert not _alive(child), "the job's background child must die with its group"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] not in "ZX"
+    except OSError:
+        return False
+
+
+def test_timeout_and_retry_budget(home, tmp_path):
+    q = _write(tmp_path, "[name=slow timeout=1 retries=1] sleep 30\n[name=flaky retries=2] "
+                         "test -f $GPURUN_RUN_DIR/ok || { touch $GPURUN_RUN_DIR/ok; exit 3; }\n")
+    res = gpurun("queue", "submit", q, "--wait", "--json")
+    out = {j["name"]: j for j in json.loads(res.stdout)["jobs"]}
+    assert out["slow"]["state"] == "failed" and out["slow"]["attempt"] == 2
+    assert "timeout" in out["slow"]["reason"]
+    assert out["flaky"]["state"] == "succeeded" and out["flaky"]["attempt"] == 2
+
+
+def test_one_job_per_fake_gpu_with_cuda_visible_devices(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPURUN_FAKE_GPUS", "2")
+    lines = "".join(f"[name=g{i}] echo $CUDA_VISIBLE_DEVICES; sleep 0.5\n" for i in range(4))
+    lines += "[name=big gpus=2] echo $CUDA_VISIBLE_DEVICES\n[name=huge gpus=3] echo never\n"
+    res = gpurun("queue", "submit", _write(tmp_path, lines), "--wait", "--json")
+    jobs = {j["name"]: j for j in json.loads(res.stdout)["jobs"]}
+    for i in range(4):
+        assert len(jobs[f"g{i}"]["gpu_ids"]) == 1
+    assert jobs["big"]["gpu_ids"] == [0, 1] and "0,1" in open(jobs["big"]["log"]).read()
+    assert jobs["huge"]["state"] == "failed" and "needs 3 GPUs" in jobs["huge"]["reason"]
+    # never more than 2 GPU jobs at once: intervals of the four single-GPU jobs overlap at most pairwise
+    spans = sorted((_ts(jobs[f"g{i}"]["started_at"]), _ts(jobs[f"g{i}"]["ended_at"])) for i in range(4))
+    for t, _ in spans:
+        assert sum(1 for a, b in spans if a <= t < b) <= 2
+
+
+def _ts(iso: str) -> float:
+    return time.mktime(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def test_jobs_survive_the_cli_and_the_agent_restart(home, tmp_path):
+    q = _write(tmp_path, "[name=a] sleep 2; echo finished\n")
+    assert gpurun("queue", "submit", q).returncode == 0     # the CLI process has exited now
+    time.sleep(0.5)
+    state_dir = home / ".local/share/gpurun/hosts/local/agent"
+    pid = int((state_dir / "agent.pid").read_text())
+    os.kill(pid, 9)                                          # agent dies; the job must not
+    st = wait_terminal(timeout=30)                           # the next CLI call re-ensures the agent
+    job = st["jobs"][0]
+    assert job["state"] == "succeeded" and job["attempt"] == 1   # re-adopted, not restarted
+    assert "finished" in open(job["log"]).read()
+
+
+def test_retry_and_resubmit_idempotent(home, tmp_path):
+    q = _write(tmp_path, "[name=x] exit 1\n[name=y] true\n[name=z] true\n")
+    gpurun("queue", "submit", q, "--wait")
+    again = gpurun("queue", "submit", q, "--json")
+    assert json.loads(again.stdout)["added"] == []
+    res = gpurun("queue", "retry", "x")
+    assert res.returncode == 0 and "attempt 2" in res.stdout
+    st = wait_terminal()
+    x = [j for j in st["jobs"] if j["name"] == "x"][0]
+    assert x["state"] == "failed" and x["attempt"] == 2
+    bad = gpurun("queue", "retry", "nope")
+    assert bad.returncode == 2 and "no job 'nope'" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,53 @@
+"""Helpers for tests that start real local agents: run the CLI, wait, and clean up daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def gpurun(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120,
+           cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``gpurun`` CLI in a subprocess (same interpreter)."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=env or dict(os.environ), input=input, timeout=timeout, cwd=cwd)
+
+
+def status_json(host: str | None = None) -> dict:
+    args = ["queue", "status", "--json"] + (["--host", host] if host else [])
+    res = gpurun(*args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def wait_terminal(host: str | None = None, timeout: float = 60) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        st = status_json(host)
+        if all(j["state"] not in ("queued", "running") for j in st["jobs"]):
+            return st
+        if time.time() > deadline:
+            raise AssertionError("jobs not terminal after %ss: %s" % (timeout, st))
+        time.sleep(0.3)
+
+
+def kill_agents_under(root: Path) -> None:
+    """Stop every agent daemon (and job process group) whose state dir is under ``root``."""
+    for pidfile in root.rglob("agent.pid"):
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    for db in root.rglob("runs"):
+        for started in db.rglob("started.*"):
+            try:
+                pid = int(started.read_text().strip())
+                os.killpg(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass

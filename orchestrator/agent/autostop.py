@@ -1,0 +1,124 @@
+"""Idle autostop on the box (opt-in): decide whether the GPU box is idle, and if so hand the
+decision to a teardown-gate callable. This module never stops anything itself.
+
+Idle = no queued or running job AND every GPU below the utilization threshold AND no metric
+progress (metrics file writes, job ends) for ``idle_minutes``; an open SSH session is not use.
+Stdlib only: it runs inside the agent zipapp.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+# The cheapest safe in-instance verb per provider: keeps the disk, stops the GPU meter.
+# Lambda has none (an in-OS shutdown keeps billing), so autostop there can only alert.
+SELF_STOP = {
+    "autodl": {"command": "/usr/bin/shutdown", "irreversible": False},
+    "runpod": {"command": 'runpodctl stop pod "$RUNPOD_POD_ID"', "irreversible": False},
+    "vast": {"command": ('curl -fsS -X PUT -H "Authorization: Bearer $CONTAINER_API_KEY" '
+                         '-H "Content-Type: application/json" -d \'{"state": "stopped"}\' '
+                         '"https://console.vast.ai/api/v0/instances/$CONTAINER_ID/"'),
+             "irreversible": False},
+}
+IDLE_SINCE = "autostop.idle_since"
+ACTIVE = ("queued", "running")
+
+
+def last_progress(jobs: Iterable[Dict[str, Any]]) -> Optional[float]:
+    """Latest sign of work: a metrics file written, or a job that started or ended."""
+    latest = None
+    for j in jobs:
+        for ts in (j.get("started_at"), j.get("ended_at")):
+            if ts:
+                latest = ts if latest is None else max(latest, ts)
+        path = j.get("metrics")
+        if path:
+            try:
+                m = os.path.getmtime(path)
+            except OSError:
+                continue
+            latest = m if latest is None else max(latest, m)
+    return latest
+
+
+def decide(jobs: List[Dict[str, Any]], gpu_utils: List[Optional[float]], *, now: float,
+           idle_minutes: float, util_threshold: float = 10.0,
+           idle_since: Optional[float] = None) -> Dict[str, Any]:
+    """Pure decision. Returns ``{"idle", "stop", "reasons", "idle_since", "idle_for_s"}``:
+    ``reasons`` says what keeps the box busy (or why it is idle); ``stop`` is True only after
+    the box has been idle for ``idle_minutes`` in a row."""
+    busy: List[str] = []
+    active = [j for j in jobs if j.get("state") in ACTIVE]
+    if active:
+        busy.append(f"{len(active)} job(s) queued or running")
+    hot = [u for u in gpu_utils if u is None or u >= util_threshold]
+    if hot:
+        # an unreadable GPU counts as busy: never stop a box we cannot see
+        busy.append(f"{len(hot)} GPU(s) at or above {util_threshold:g}% (or unreadable)")
+    progress = last_progress(jobs)
+    window = idle_minutes * 60.0
+    if progress is not None and now - progress < window:
+        busy.append(f"metric progress {int(now - progress)}s ago")
+    if busy:
+        return {"idle": False, "stop": False, "reasons": busy, "idle_since": None, "idle_for_s": 0.0}
+    # idleness must be observed for the whole window, not inferred from old timestamps
+    start = idle_since if idle_since is not None else now
+    idle_for = max(0.0, now - start)
+    return {"idle": True, "stop": idle_for >= window,
+            "reasons": [f"no jobs, GPUs below {util_threshold:g}%, no progress"],
+            "idle_since": start, "idle_for_s": round(idle_for, 1)}
+
+
+def tick(store: Any, config: Dict[str, Any], *, gpu_utils: Callable[[], List[Optional[float]]],
+         gate: Callable[[Dict[str, Any]], Dict[str, Any]], now: Optional[float] = None) -> Dict[str, Any]:
+    """One autostop check, called from the agent's periodic loop.
+
+    ``gate(plan)`` is the teardown gate: it verifies the artifacts are home (or pushed) and only
+    then runs ``plan["command"]``; it returns ``{"passed": bool, "detail": str}``. Returns the
+    ``autostop`` record: ``action`` is disabled | busy | idle | no_safe_verb | gate_refused | stopped.
+    """
+    cfg = config.get("autostop") or {}
+    if not cfg.get("enabled"):
+        return {"action": "disabled"}
+    now = time.time() if now is None else now
+    jobs = store.jobs()
+    d = decide(jobs, gpu_utils(), now=now, idle_minutes=float(cfg.get("idle_minutes", 30)),
+               util_threshold=float(cfg.get("util_threshold", 10.0)),
+               idle_since=store.kv_get(IDLE_SINCE))
+    if not d["idle"]:
+        store.kv_set(IDLE_SINCE, None)
+        return dict(d, action="busy")
+    store.kv_set(IDLE_SINCE, d["idle_since"])
+    if not d["stop"]:
+        return dict(d, action="idle")
+    verb = meter_stop_plan(config)
+    if verb is None:
+        store.add_event(None, "autostop", "warn", "box idle but no safe in-instance meter-stop verb "
+                        "is configured; not stopping")
+        return dict(d, action="no_safe_verb")
+    plan = dict(d, **verb)
+    res = gate(plan)
+    if not res.get("passed"):
+        store.add_event(None, "autostop", "warn", f"box idle; teardown gate refused: {res.get('detail')}")
+        return dict(plan, action="gate_refused", detail=res.get("detail"))
+    store.add_event(None, "autostop", "info", f"box idle {d['idle_for_s']:.0f}s; meter stopped via "
+                    f"{verb['command']}", {"idle_for_s": d["idle_for_s"]})
+    store.kv_set(IDLE_SINCE, None)
+    return dict(plan, action="stopped", detail=res.get("detail"))
+
+
+def meter_stop_plan(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The verb autostop may use: the user's ``autostop.command`` if set (irreversible ones only
+    with ``autostop.allow_irreversible``), else the provider's reversible in-instance stop."""
+    cfg = config.get("autostop") or {}
+    if cfg.get("command"):
+        irreversible = bool(cfg.get("irreversible", False))
+        if irreversible and not cfg.get("allow_irreversible"):
+            return None
+        return {"command": cfg["command"], "irreversible": irreversible}
+    provider = (config.get("provider") or (config.get("instance") or {}).get("provider") or "").lower()
+    provider = {"vastai": "vast"}.get(provider, provider)
+    verb = SELF_STOP.get(provider)
+    return dict(verb) if verb else None

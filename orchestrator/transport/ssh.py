@@ -1,0 +1,424 @@
+"""SSH transport on paramiko (the engine under fabric): verified host keys, connect retries,
+keepalives, ProxyJump, atomic put, and ``sync`` via rsync with tar/SFTP fallbacks.
+
+Only the connection is ever retried; once a command was sent, a lost link is a
+``TransportError`` and the caller decides (agent verbs are idempotent by design).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import select
+import shlex
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Sequence
+
+from orchestrator.errors import ConnectError, HostKeyError, OperationalError, TransportError
+from orchestrator.transport import hostkeys
+from orchestrator.transport.base import RunResult
+from orchestrator.transport.sshconfig import Endpoint, resolve
+
+KEEPALIVE_S = 10          # like ServerAliveInterval=10
+_ATTEMPTS = 3             # connection attempts within one connect_timeout budget
+_BACKOFF = (0.3, 0.9)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CHUNK = 32768
+_EOF_GRACE_S = 2.0
+
+
+class _Retry(Exception):
+    """A connection attempt failed in a way another attempt may fix."""
+
+
+def rpath(path: str) -> str:
+    """Quote a remote path for the shell, keeping a leading ``~/`` expandable."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def sftp_path(path: str) -> str:
+    """SFTP does not expand ``~``; its working directory is the login home."""
+    if path in ("~", "~/"):
+        return "."
+    return path[2:] if path.startswith("~/") else path
+
+
+def _env_prefix(env: dict[str, str] | None) -> str:
+    # sshd usually accepts only LANG/LC_* via SetEnv, so export inline (as fabric does).
+    if not env:
+        return ""
+    parts = []
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            raise OperationalError(f"invalid environment variable name {key!r}",
+                                   hint="names are letters, digits and _, not starting with a digit")
+        parts.append(f"export {key}={shlex.quote(str(value))}; ")
+    return "".join(parts)
+
+
+class SSHTransport:
+    """The Transport contract over one SSH connection, opened lazily and reused."""
+
+    def __init__(self, host_entry: dict, *, known_hosts: str | os.PathLike | None = None,
+                 insecure: bool = False, connect_timeout: float = 10):
+        self.host = host_entry
+        self.name = host_entry.get("name") or "ssh-host"
+        self.endpoint: Endpoint = resolve(host_entry.get("ssh") or {}, where=f"host {self.name}")
+        self.known_hosts = Path(known_hosts) if known_hosts else hostkeys.default_known_hosts()
+        # ``gpurun host add --insecure-host-key`` stores the choice in the entry.
+        self.insecure = insecure or bool(host_entry.get("insecure_host_key"))
+        self.connect_timeout = float(connect_timeout)
+        self.rsync_path = (host_entry.get("ssh") or {}).get("rsync_path") or host_entry.get("rsync_path")
+        self._tofu = False
+        self._seen: list = []
+        self._clients: list = []   # jump hops first, target last
+        self._sftp = None
+
+    # -- connection ------------------------------------------------------------------
+    @property
+    def _client(self):
+        return self._clients[-1] if self._clients else None
+
+    def _alive(self) -> bool:
+        client = self._client
+        t = client.get_transport() if client is not None else None
+        return bool(t is not None and t.is_active())
+
+    def connect(self):
+        """Open (or reuse) the connection; ConnectError/HostKeyError if impossible."""
+        if self._alive():
+            return self._client
+        self._drop()
+        deadline = time.monotonic() + self.connect_timeout
+        last = "unknown error"
+        for attempt in range(_ATTEMPTS):
+            try:
+                self._connect_chain(deadline)
+                return self._client
+            except _Retry as exc:
+                last = str(exc)
+                self._drop()
+            if attempt < len(_BACKOFF) and time.monotonic() + _BACKOFF[attempt] < deadline:
+                time.sleep(_BACKOFF[attempt])
+            else:
+                break
+        raise ConnectError(
+            f"cannot reach {self.name} ({self.endpoint.label}): {last}",
+            hint="check that the box is running and the port is current (rented boxes "
+                 "change ports on restart); `gpurun host show` lists what gpurun uses")
+
+    def _connect_chain(self, deadline: float) -> None:
+        sock = None
+        for hop in (*self.endpoint.jumps, self.endpoint):
+            if sock is None and self._clients:
+                remaining = max(0.1, deadline - time.monotonic())
+                try:
+                    sock = self._clients[-1].get_transport().open_channel(
+                        "direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0),
+                        timeout=remaining)
+                except Exception as exc:
+                    raise _Retry(f"jump host could not reach {hop.label}: {exc}") from None
+            self._clients.append(self._open(hop, sock, deadline))
+            sock = None
+
+    def _open(self, hop: Endpoint, sock, deadline: float):
+        import paramiko
+
+        remaining = max(0.1, deadline - time.monotonic())
+        client = paramiko.SSHClient()
+        if self.insecure:
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        else:
+            client.get_host_keys().update(hostkeys.load(self.known_hosts))
+            client.set_missing_host_key_policy(
+                hostkeys.make_policy(self.known_hosts, tofu=self._tofu, seen=self._seen))
+        try:
+            if sock is None and hop.proxy_command:
+                sock = paramiko.ProxyCommand(hop.proxy_command)
+            if sock is None:
+                sock = socket.create_connection((hop.hostname, hop.port), timeout=remaining)
+                _tcp_keepalive(sock)
+            client.connect(hop.hostname, port=hop.port, username=hop.user,
+                           key_filename=list(hop.keys) or None, look_for_keys=not hop.keys,
+                           allow_agent=not hop.keys, timeout=remaining, sock=sock,
+                           banner_timeout=remaining, auth_timeout=remaining,
+                           channel_timeout=remaining)
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise hostkeys.changed_key_error(self.known_hosts, hop.known_hosts_name,
+                                             exc.key, exc.expected_key) from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise ConnectError(f"{self.name}: authentication failed for {hop.label}: {exc}",
+                               hint="check ssh.key / IdentityFile and that the public key is "
+                                    "in the box's ~/.ssh/authorized_keys",
+                               retryable=False) from None
+        except socket.gaierror as exc:
+            client.close()
+            raise ConnectError(f"cannot resolve {hop.hostname}: {exc.strerror or exc}",
+                               hint="check ssh.hostname or the alias in ~/.ssh/config",
+                               retryable=False) from None
+        except paramiko.SSHException as exc:
+            client.close()
+            if "authentication methods" not in str(exc):
+                if time.monotonic() >= deadline - 0.05:
+                    raise _Retry(f"timed out after {self.connect_timeout:g}s with no SSH "
+                                 "answer") from None
+                raise _Retry(_reason(exc)) from None
+            raise ConnectError(f"{self.name}: no usable key for {hop.label}",
+                               hint="set ssh.key (gpurun host add --key) or IdentityFile in "
+                                    "~/.ssh/config", retryable=False) from None
+        except (TimeoutError, socket.timeout):
+            client.close()
+            raise _Retry(f"timed out after {self.connect_timeout:g}s") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            client.close()
+            if time.monotonic() >= deadline - 0.05:  # paramiko words a timeout vaguely
+                raise _Retry(f"timed out after {self.connect_timeout:g}s with no SSH "
+                             "answer") from None
+            raise _Retry(_reason(exc)) from None
+        client.get_transport().set_keepalive(KEEPALIVE_S)
+        return client
+
+    def _drop(self) -> None:
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except Exception:
+                pass
+        self._sftp = None
+        for client in reversed(self._clients):
+            try:
+                client.close()
+            except Exception:
+                pass
+        self._clients = []
+
+    def server_key(self):
+        """The target's host key on the open connection."""
+        return self.connect().get_transport().get_remote_server_key()
+
+    # -- commands --------------------------------------------------------------------
+    def _channel(self):
+        """A fresh session channel. Nothing has been sent yet, so a dead cached connection
+        is replaced once."""
+        import paramiko
+
+        for attempt in (0, 1):
+            client = self.connect()
+            try:
+                return client.get_transport().open_session(timeout=self.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
+                self._drop()
+                if attempt:
+                    raise ConnectError(f"{self.name}: cannot open an SSH session: {_reason(exc)}",
+                                       hint="the box may be overloaded (sshd MaxSessions)") from None
+        raise AssertionError("unreachable")
+
+    def run(self, command: str, *, input: str | bytes | None = None,
+            timeout: float | None = None, env: dict[str, str] | None = None) -> RunResult:
+        data = input.encode() if isinstance(input, str) else input
+        return self._exec(_env_prefix(env) + command, data, timeout)
+
+    def _exec(self, command: str, stdin: bytes | IO[bytes] | None,
+              timeout: float | None) -> RunResult:
+        import paramiko
+
+        chan = self._channel()
+        try:
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._drop()
+            raise TransportError(f"{self.name}: link lost while starting a command: "
+                                 f"{_reason(exc)}",
+                                 hint="the command may or may not have run; check before "
+                                      "repeating it") from None
+        try:
+            return self._pump(chan, stdin, timeout)
+        finally:
+            chan.close()
+
+    def _pump(self, chan, stdin, timeout: float | None) -> RunResult:
+        deadline = time.monotonic() + timeout if timeout else None
+        out: list[bytes] = []
+        err: list[bytes] = []
+        pending = b""
+        source = None
+        if isinstance(stdin, (bytes, bytearray)):
+            pending = bytes(stdin)
+        elif stdin is not None:
+            source = stdin
+        if not pending and source is None:
+            chan.shutdown_write()
+        chan.setblocking(False)
+        quiet_since: float | None = None
+        while True:
+            busy = False
+            if source is not None and not pending:
+                pending = source.read(_CHUNK)
+                if not pending:
+                    source = None
+                    chan.shutdown_write()
+            if pending and chan.send_ready():
+                try:
+                    n = chan.send(pending[:_CHUNK])
+                except (OSError, EOFError):  # remote closed its stdin early
+                    n, pending, source = 0, b"", None
+                pending = pending[n:]
+                busy = True
+                if not pending and source is None:
+                    chan.shutdown_write()
+            while chan.recv_ready():
+                out.append(chan.recv(65536))
+                busy = True
+            while chan.recv_stderr_ready():
+                err.append(chan.recv_stderr(65536))
+                busy = True
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # sshd sends exit-status as soon as the command exits, possibly before all
+                # of its output; EOF marks the end. A background child still holding
+                # stdout would delay EOF forever, so stop after a quiet grace period.
+                if chan.eof_received or chan.closed:
+                    break
+                if busy or quiet_since is None:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > _EOF_GRACE_S:
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TransportError(f"{self.name}: command timed out after {timeout:g}s",
+                                     hint="it may still be running on the box")
+            if not busy:
+                select.select([chan], [], [], 0.02 if pending else 0.05)
+        code = chan.recv_exit_status()
+        transport = chan.get_transport()
+        if code == -1 and (transport is None or not transport.is_active()):
+            self._drop()
+            raise TransportError(f"{self.name}: connection lost while a command ran",
+                                 hint="the command may have run; check state before repeating")
+        return RunResult(code, b"".join(out).decode("utf-8", "replace"),
+                         b"".join(err).decode("utf-8", "replace"))
+
+    # -- files -----------------------------------------------------------------------
+    def sftp(self):
+        import paramiko
+
+        if self._sftp is None or not self._alive():
+            client = self.connect()
+            try:
+                self._sftp = client.open_sftp()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise TransportError(f"{self.name}: SFTP unavailable: {_reason(exc)}",
+                                     hint="some gateways (e.g. RunPod basic SSH) have no SFTP; "
+                                          "use the box's direct SSH port") from None
+        return self._sftp
+
+    def _mkdirs(self, sftp, path: str) -> None:
+        if path in ("", ".", "/"):
+            return
+        try:
+            sftp.stat(path)
+            return
+        except OSError:
+            pass
+        self._mkdirs(sftp, posixpath.dirname(path.rstrip("/")))
+        try:
+            sftp.mkdir(path)
+        except OSError:
+            sftp.stat(path)  # created concurrently is fine; otherwise re-raise
+
+    def put(self, local_path: str, remote_path: str) -> None:
+        """Upload to a temp name beside the target, then rename over it (atomic)."""
+        target = sftp_path(remote_path)
+        parent, base = posixpath.split(target)
+        tmp = posixpath.join(parent, f".{base}.gpurun-{uuid.uuid4().hex[:8]}")
+        sftp = self.sftp()
+        try:
+            self._mkdirs(sftp, parent)
+            sftp.put(local_path, tmp)
+            sftp.chmod(tmp, os.stat(local_path).st_mode & 0o777)
+            sftp.posix_rename(tmp, target)
+        except OSError as exc:
+            try:
+                sftp.remove(tmp)
+            except OSError:
+                pass
+            raise TransportError(f"{self.name}: cannot write {remote_path}: {_reason(exc)}",
+                                 hint="check free space and permissions on the box",
+                                 retryable=False) from None
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        local = Path(local_path)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.gpurun-{uuid.uuid4().hex[:8]}")
+        try:
+            self.sftp().get(sftp_path(remote_path), str(tmp))
+            os.replace(tmp, local)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            raise OperationalError(f"{self.name}: no such file {remote_path}") from None
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise TransportError(f"{self.name}: cannot read {remote_path}: {_reason(exc)}") from None
+
+    def sync(self, local_dir: str, remote_dir: str, *, excludes: Sequence[str] = ()) -> dict:
+        from orchestrator.transport import ssh_sync
+
+        return ssh_sync.sync(self, local_dir, remote_dir, excludes=excludes)
+
+    def check(self) -> None:
+        result = self.run("true", timeout=self.connect_timeout)
+        if result.exit_code != 0:
+            raise ConnectError(f"{self.name}: login shell failed (exit {result.exit_code}): "
+                               f"{result.stderr.strip()[-200:]}",
+                               hint="check the user's shell and ~/.bashrc on the box")
+
+    def close(self) -> None:
+        self._drop()
+
+    def __enter__(self) -> "SSHTransport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def first_contact(host_entry: dict, *, known_hosts: str | os.PathLike | None = None,
+                  connect_timeout: float = 10) -> tuple[str, str]:
+    """Connect once, recording unknown host keys (trust on first use, also for jump hosts).
+
+    Returns the target's ``(key_type, "SHA256:...")``. A recorded key that differs raises
+    HostKeyError; unreachable hosts raise ConnectError. Used by ``gpurun host add``."""
+    t = SSHTransport(host_entry, known_hosts=known_hosts, connect_timeout=connect_timeout)
+    t._tofu = True
+    try:
+        key = t.server_key()
+        t.check()
+        return key.get_name(), hostkeys.fingerprint(key)
+    finally:
+        t.close()
+
+
+def _tcp_keepalive(sock: socket.socket) -> None:
+    # A silently dead link (laptop sleep, NAT drop) is noticed by the kernel in ~25 s.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, val in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]

@@ -15,7 +15,7 @@ from orchestrator.providers.http import MAX_RETRY_AFTER_S, retry_after_seconds
 from rigs.fake_providers import KEY
 from test_provider_contract import rent
 
-from conftest import fake_for
+from providers.conftest import fake_for
 
 
 @pytest.mark.parametrize("effect", [True, False])

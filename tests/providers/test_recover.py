@@ -12,7 +12,7 @@ from orchestrator.core import recover as rec
 from orchestrator.core import rent
 from orchestrator.providers import make_provider
 
-from conftest import fake_for
+from providers.conftest import fake_for
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from orchestrator.providers import make_provider
 from rigs.fake_providers import KEY
 from rigs.sshd import free_port
 
-from conftest import fake_for
+from providers.conftest import fake_for
 
 
 def run(capsys, *args):

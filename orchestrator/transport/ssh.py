@@ -7,6 +7,7 @@ Only the connection is ever retried; once a command was sent, a lost link is a
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import re
@@ -29,6 +30,7 @@ _BACKOFF = (0.3, 0.9)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CHUNK = 32768
 _EOF_GRACE_S = 2.0
+_NULL_HANDLER = logging.NullHandler()
 
 
 class _Retry(Exception):
@@ -131,6 +133,10 @@ class SSHTransport:
 
     def _open(self, hop: Endpoint, sock, deadline: float):
         import paramiko
+
+        # paramiko's transport thread logs failed handshakes with a traceback; without a
+        # handler Python's last-resort handler would print it on the user's terminal.
+        logging.getLogger("paramiko").addHandler(_NULL_HANDLER)
 
         remaining = max(0.1, deadline - time.monotonic())
         client = paramiko.SSHClient()

@@ -1,0 +1,152 @@
+"""Pull throughput, resume bytes and memory over a real loopback sshd (run as root).
+
+    python bench/bench_pull.py [--gb 1] [--rss-gb 10]
+
+1. a GB-sized file pulled with gpurun's engine (rsync --append-verify + streamed SHA-256 +
+   format check + atomic rename) vs plain ``rsync -a`` over the same SSH link, same run;
+2. a pull killed at 40 % and resumed: bytes on the wire reported by rsync;
+3. peak RSS of the pulling process for a ``--rss-gb`` sparse file (streaming hash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from rigs.sshd import CLEAN_USER, SshdRig  # noqa: E402
+
+from orchestrator.sync.engine import pull_job  # noqa: E402
+from orchestrator.sync.keep import KeepPolicy  # noqa: E402
+from orchestrator.sync.transfer import RsyncFetcher  # noqa: E402
+
+
+def make_file(path: Path, size: int, sparse: bool = False) -> str:
+    h = hashlib.sha256()
+    if sparse:
+        with open(path, "wb") as fh:
+            fh.truncate(size)
+        block = b"\0" * (1 << 20)
+        for _ in range(size >> 20):
+            h.update(block)
+        return h.hexdigest()
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as fh:
+        for i in range(size >> 20):
+            b = i.to_bytes(8, "little") + block[8:]
+            fh.write(b)
+            h.update(b)
+    return h.hexdigest()
+
+
+def job_for(path: Path, digest: str) -> dict:
+    st = path.stat()
+    return {"id": "bench", "name": "bench", "state": "succeeded", "terminal": True, "pending": [],
+            "files": [{"path": "checkpoints/model.bin", "remote": str(path), "kind": "checkpoint",
+                       "unit": "model.bin", "size": st.st_size, "mtime": st.st_mtime, "sha256": digest}]}
+
+
+def drop_local(dest: Path) -> None:
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+
+
+def rss_child(argv_json: str) -> None:
+    """Runs in a subprocess: pull once, print peak RSS of this process and of rsync."""
+    a = json.loads(argv_json)
+    fetcher = RsyncFetcher(a["ssh"], a["target"])
+    t = time.monotonic()
+    res = pull_job(a["job"], Path(a["dest"]), fetcher, KeepPolicy(), host="bench")
+    dt = time.monotonic() - t
+    # VmHWM, not ru_maxrss: ru_maxrss survives exec, so it would report the parent's peak
+    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+    print(json.dumps({"verified": res.verified, "seconds": dt, "self_maxrss_mb": hwm / 1024,
+                      "children_maxrss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--rss-gb", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    rig = SshdRig()
+    rig.start()
+    try:
+        box = rig.user_dir(CLEAN_USER, "bench")
+        ssh = rig.ssh_argv(CLEAN_USER)[:-1]  # argv without the target
+        target = f"{CLEAN_USER}@127.0.0.1"
+        size = int(args.gb * (1 << 30))
+        src = box / "model.bin"
+        digest = make_file(src, size)
+        os.chmod(box, 0o755)
+        os.chmod(src, 0o644)
+        work = Path(tempfile.mkdtemp(prefix="gpurun-bench-"))
+        ssh_e = " ".join(ssh)
+        plain_t, ours_t = [], []
+        for _ in range(args.rounds):
+            drop_local(work / "plain")
+            t = time.monotonic()
+            subprocess.run(["rsync", "-a", "-e", ssh_e, f"{target}:{src}", str(work / "plain" / "x")], check=True)
+            plain_t.append(time.monotonic() - t)
+            drop_local(work / "ours")
+            t = time.monotonic()
+            res = pull_job(job_for(src, digest), work / "ours", RsyncFetcher(ssh, target), KeepPolicy(), host="b")
+            ours_t.append(time.monotonic() - t)
+            assert res.verified, res.as_dict()
+        p, o = min(plain_t), min(ours_t)
+        print(f"pull {args.gb:g} GB over loopback SSH (best of {args.rounds}):")
+        print(f"  plain rsync -a            : {p:6.2f} s  {size / p / 1e6:7.1f} MB/s")
+        print(f"  gpurun pull (incl. verify): {o:6.2f} s  {size / o / 1e6:7.1f} MB/s  = {100 * p / o:.0f} % of rsync")
+
+        # resume: keep 40 % as a partial, pull again
+        drop_local(work / "ours")
+        part = work / "ours" / ".gpurun-partial" / "checkpoints" / "model.bin"
+        part.parent.mkdir(parents=True)
+        with open(src, "rb") as s, open(part, "wb") as d:
+            d.write(s.read(int(size * 0.4)))
+        res = pull_job(job_for(src, digest), work / "ours", RsyncFetcher(ssh, target), KeepPolicy(), host="b")
+        assert res.verified
+        print(f"resume after 40 %: {res.wire_bytes / 1e6:.1f} MB on the wire for {size * 0.6 / 1e6:.1f} MB "
+              f"missing ({100 * res.wire_bytes / (size * 0.6):.1f} %)")
+
+        if args.rss_gb > 0:
+            big = box / "big.bin"
+            bsize = int(args.rss_gb * (1 << 30))
+            bdigest = make_file(big, bsize, sparse=True)
+            os.chmod(big, 0o644)
+            free = shutil.disk_usage(work).free
+            if free < bsize * 1.2:
+                print(f"RSS: skipped, {free / 1e9:.0f} GB free < {bsize * 1.2 / 1e9:.0f} GB needed")
+            else:
+                drop_local(work / "big")
+                arg = json.dumps({"ssh": ssh, "target": target, "dest": str(work / "big"),
+                                  "job": job_for(big, bdigest)})
+                out = subprocess.run([sys.executable, __file__, "--rss-child", arg], capture_output=True,
+                                     text=True, check=True)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"RSS for a {args.rss_gb:g} GB pull ({r['seconds']:.1f} s, verified={r['verified']}): "
+                      f"gpurun process peak {r['self_maxrss_mb']:.0f} MB; rsync child peak "
+                      f"{r['children_maxrss_mb']:.0f} MB")
+                shutil.rmtree(work / "big", ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    finally:
+        rig.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--rss-child":
+        rss_child(sys.argv[2])
+    else:
+        main()

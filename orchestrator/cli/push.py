@@ -1,0 +1,53 @@
+"""``gpurun push``: send a project directory to a host (rsync, else tar or SFTP over SSH)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.argument("directory", default=".", type=click.Path(file_okay=False, path_type=str))
+@click.option("--host", "host", default=None, metavar="NAME",
+              help="Host to push to (default: local, or $GPURUN_HOST).")
+@click.option("--to", "remote_dir", default=None, metavar="PATH",
+              help="Directory on the host (default: the host's workdir).")
+@click.option("--dry-run", is_flag=True, help="Show what would be sent and where; send nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def push(directory: str, host: str | None, remote_dir: str | None, dry_run: bool,
+         as_json: bool) -> None:
+    """Send DIRECTORY (default: here) to a host and record its content hash there.
+
+    Leaves out .git, __pycache__, *.pyc, virtualenvs, node_modules, wandb and the patterns in
+    DIRECTORY/.gpurunignore (one per line; name, dir/, /anchored, globs, ** across dirs).
+    """
+    import os
+
+    from orchestrator import hosts as hostinv
+    from orchestrator.cli.render import emit_json
+    from orchestrator.core import push as core
+    from orchestrator.errors import BadInput
+
+    if not os.path.isdir(directory):
+        raise BadInput(f"{directory}: no such directory", hint="give the project directory to push")
+    entry = hostinv.get_host(host)
+    if dry_run:
+        tree = core.local_tree_hash(directory)
+        out = {"host": entry["name"], "local_dir": os.path.abspath(directory),
+               "remote_dir": core.remote_dir_for(entry, remote_dir), "method": None,
+               "files": tree["files"], "bytes": tree["bytes"], "code_hash": tree["hash"],
+               "fallback_reason": None, "dry_run": True}
+    else:
+        from orchestrator.core.session import open_session
+
+        with open_session(host=entry) as session:
+            out = {**core.push(session, directory, remote_dir), "dry_run": False}
+    if as_json:
+        emit_json(out)
+        return
+    verb = "would send" if dry_run else f"sent ({out['method']})"
+    click.echo(f"{out['host']}: {verb} {out['local_dir']} -> {out['remote_dir']}")
+    files = out["files"] if out["files"] is not None else "?"
+    click.echo(f"  files: {files}  bytes: {out['bytes'] if out['bytes'] is not None else '?'}  "
+               f"code: {out['code_hash'][:19]}")
+    if out.get("fallback_reason"):
+        click.echo(f"  note: {out['fallback_reason']}; used {out['method']}", err=True)

@@ -1,0 +1,172 @@
+"""Use case ``pull``: ask the host's agent for its manifest, bring every job's files home
+verified, optionally push them to S3, and with ``loop`` keep going until the queue is done.
+
+Defaults come from ``config.yaml`` (``pull: {dest, keep_latest, best: {metric, mode},
+interval_s}`` and ``s3: {...}``); flags win. The default destination is ``./gpurun-artifacts``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from orchestrator import paths
+from orchestrator.errors import ConfigError, TransportError
+from orchestrator.sync.engine import JobPull, ProgressSink, clean_staging, pull_job
+from orchestrator.sync.keep import KeepPolicy
+from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name
+from orchestrator.sync.transfer import LocalFetcher, RsyncFetcher, SftpFetcher, ssh_argv_for
+
+DEFAULT_DEST = "gpurun-artifacts"
+PULL_KEYS = ("dest", "keep_latest", "best", "interval_s", "method", "settle_s")
+
+
+def user_config() -> tuple[dict, str]:
+    """(parsed ``config.yaml``, its path); ``{}`` when absent. ConfigError on bad YAML."""
+    path = paths.config_home() / "config.yaml"
+    if not path.exists():
+        return {}, str(path)
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML", "fix the file; see README for its keys") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping", "e.g. `pull: {keep_latest: 3}`")
+    return data, str(path)
+
+
+def pull_config() -> tuple[dict, Optional[dict]]:
+    """The validated ``pull`` section and the ``s3`` section (None when not configured)."""
+    data, src = user_config()
+    pull = data.get("pull") or {}
+    if not isinstance(pull, dict):
+        raise ConfigError(f"{src}: key 'pull' must be a mapping", "e.g. `pull: {keep_latest: 3}`")
+    bad = sorted(set(pull) - set(PULL_KEYS))
+    if bad:
+        raise ConfigError(f"{src}: unknown key 'pull.{bad[0]}'", "allowed: " + ", ".join(PULL_KEYS))
+    keep = pull.get("keep_latest")
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 0):
+        raise ConfigError(f"{src}: key 'pull.keep_latest' must be a whole number >= 0 (or absent: keep all)",
+                          "e.g. `keep_latest: 3`")
+    best = pull.get("best")
+    if best is not None and (not isinstance(best, dict) or not best.get("metric")
+                             or best.get("mode", "min") not in ("min", "max")):
+        raise ConfigError(f"{src}: key 'pull.best' must be {{metric: NAME, mode: min|max}}",
+                          "e.g. `best: {metric: val_loss, mode: min}`")
+    if pull.get("method") not in (None, "auto", "rsync", "sftp"):
+        raise ConfigError(f"{src}: key 'pull.method' must be auto, rsync or sftp", "default: auto")
+    s3 = data.get("s3")
+    if s3 is not None:
+        from orchestrator.sync.s3 import validate_config
+
+        s3 = validate_config(s3, src)
+    return pull, s3
+
+
+def choose_fetcher(session: Any, method: str = "auto") -> Any:
+    """rsync when both ends have it, else SFTP; a local host is copied directly."""
+    host = session.host
+    if host.get("kind", "local") == "local":
+        return LocalFetcher()
+    if method in ("auto", "rsync") and shutil.which("rsync"):
+        res = session.transport.run("command -v rsync", timeout=30)
+        if res.exit_code == 0 and res.stdout.strip():
+            from orchestrator.transport.hostkeys import default_known_hosts
+
+            argv, target = ssh_argv_for(host, str(default_known_hosts()))
+            return RsyncFetcher(argv, target)
+        if method == "rsync":
+            raise TransportError(f"rsync is not installed on {host['name']}",
+                                 "install it there, or drop `pull.method: rsync` to use SFTP")
+    return SftpFetcher(_sftp_factory(session.transport))
+
+
+def _sftp_factory(transport: Any) -> Callable[[], Any]:
+    if callable(getattr(transport, "sftp", None)):
+        return transport.sftp
+    conn = getattr(transport, "connection", None)
+    if conn is not None and callable(getattr(conn, "sftp", None)):
+        return conn.sftp
+    raise TransportError(f"transport {getattr(transport, 'name', '?')} offers no SFTP client",
+                         "install rsync on both ends")
+
+
+def _manifest(session: Any, jobs: Optional[list[str]], settle_s: float) -> dict:
+    # hashing a new multi-GB checkpoint on the box can take a while: generous timeout
+    return session.call("manifest", {"jobs": jobs, "settle_s": settle_s}, timeout=3600)
+
+
+def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
+              policy: Optional[KeepPolicy] = None, fetcher: Any = None,
+              progress: Optional[ProgressSink] = None, rehash: bool = False, s3: Any = None,
+              settle_s: float = 2.0) -> dict:
+    """One pass over the host's manifest. Returns ``{"host", "dest", "jobs": [...],
+    "done"}`` where ``done`` means every job is terminal and verified at home (and in S3
+    when ``s3`` is given)."""
+    host = session.host["name"]
+    policy = policy or KeepPolicy()
+    fetcher = fetcher or choose_fetcher(session)
+    man = _manifest(session, jobs, settle_s)
+    results: list[dict] = []
+    done = True
+    for job in man.get("jobs", []):
+        root = dest / job_dir_name(host) / job_dir_name(job["id"])
+        res: JobPull = pull_job(job, root, fetcher, policy, host=host, progress=progress, rehash=rehash)
+        clean_staging(root)
+        row = res.as_dict()
+        row.update(name=job.get("name"), state=job.get("state"), method=fetcher.method)
+        if s3 is not None and res.verified:
+            from orchestrator.sync.s3 import push_job
+
+            rec = JobRecord(root)
+            kept = [f for f in job["files"] if rec.files.get(f["path"], {}).get("state") == "verified"]
+            row["s3_pushed"] = push_job(s3, rec, root / VERIFIED, host, root.name, kept)
+        done = done and res.complete and not res.failed
+        results.append(row)
+    return {"host": host, "dest": str(dest), "jobs": results, "done": done, "method": fetcher.method}
+
+
+def pull(host_name: Optional[str] = None, *, jobs: Optional[list[str]] = None,
+         dest: Optional[str] = None, loop: bool = False, interval: Optional[float] = None,
+         use_s3: bool = False, rehash: bool = False, progress: Optional[ProgressSink] = None,
+         on_pass: Optional[Callable[[dict], None]] = None, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """The ``gpurun pull`` use case. With ``loop`` repeats every ``interval`` seconds until
+    the queue is done and everything is home; a dropped link is retried next round.
+    Raises ConfigError / HostError / JobNotFound for bad input."""
+    from orchestrator.core.session import open_session
+
+    cfg, s3cfg = pull_config()
+    out = Path(dest or cfg.get("dest") or DEFAULT_DEST).expanduser().resolve()
+    policy = KeepPolicy.from_config(cfg)
+    interval = float(interval if interval is not None else cfg.get("interval_s", 60))
+    settle_s = float(cfg.get("settle_s", 2.0))
+    target = None
+    if use_s3:
+        if s3cfg is None:
+            raise ConfigError("--s3 given but config.yaml has no 's3' section",
+                              "add s3: {endpoint_url, bucket, prefix, access_key_env, secret_key_env}")
+        from orchestrator.sync.s3 import S3Target
+
+        target = S3Target(s3cfg)
+    while True:
+        try:
+            with open_session(host_name) as session:
+                fetcher = choose_fetcher(session, cfg.get("method") or "auto")
+                summary = pull_once(session, out, jobs=jobs, policy=policy, fetcher=fetcher,
+                                    progress=progress, rehash=rehash, s3=target, settle_s=settle_s)
+        except TransportError as exc:
+            if not loop:
+                raise
+            summary = {"host": host_name, "dest": str(out), "jobs": [], "done": False, "error": str(exc)}
+        if on_pass is not None:
+            on_pass(summary)
+        if not loop or summary["done"]:
+            return summary
+        rehash = False  # one full re-read per invocation is enough
+        sleep(interval)

@@ -1,0 +1,157 @@
+"""Code sync use case: send a project tree to a host and record its content hash there
+(``<state_dir>/code_hash``) and here, so a submit can warn that the box runs other code.
+
+The hash covers sorted relative paths, sizes and sha256 of every kept file, so it is the
+same on any machine for the same tree (stdlib only, reproducible on the box).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from orchestrator import paths
+from orchestrator.errors import BadInput, OperationalError
+from orchestrator.transport.excludes import DEFAULT_EXCLUDES, Matcher, read_ignore_file, walk
+
+IGNORE_FILE = ".gpurunignore"
+HASH_FILE = "code_hash"
+
+
+def ignore_patterns(project_dir: str | os.PathLike) -> list[str]:
+    """Default excludes plus the project's ``.gpurunignore`` (BadInput names a bad line)."""
+    return list(DEFAULT_EXCLUDES) + read_ignore_file(Path(project_dir) / IGNORE_FILE)
+
+
+def local_tree_hash(project_dir: str | os.PathLike,
+                    ignore: Sequence[str] | None = None) -> dict[str, Any]:
+    """``{"hash": "sha256:...", "files": N, "bytes": B}`` for the tree as ``push`` sends it.
+
+    ``ignore`` defaults to :func:`ignore_patterns` of the directory."""
+    root = Path(project_dir)
+    if not root.is_dir():
+        raise BadInput(f"{project_dir}: not a directory", hint="give the project directory to push")
+    matcher = Matcher(ignore_patterns(root) if ignore is None else ignore)
+    outer = hashlib.sha256()
+    files = total = 0
+    for rel, path in walk(root, matcher):
+        if path.is_symlink():
+            outer.update(f"L {rel} {os.readlink(path)}\n".encode())
+            continue
+        inner = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                inner.update(block)
+        size = path.stat().st_size
+        outer.update(f"F {rel} {size} {inner.hexdigest()}\n".encode())
+        files += 1
+        total += size
+    return {"hash": "sha256:" + outer.hexdigest(), "files": files, "bytes": total}
+
+
+def _local_record(host_name: str) -> Path:
+    return paths.data_home() / "hosts" / host_name / HASH_FILE
+
+
+def remote_dir_for(host: dict, remote_dir: str | None) -> str:
+    """Where the code goes: ``--to`` if given, else the host's workdir."""
+    target = remote_dir or host.get("workdir")
+    if not target:
+        raise BadInput(f"host {host.get('name')!r} has no workdir",
+                       hint="pass --to PATH, or set a workdir for the host")
+    return str(target)
+
+
+def push(session: Any, project_dir: str | os.PathLike, remote_dir: str | None = None) -> dict:
+    """Sync ``project_dir`` to the host and record the pushed tree's hash.
+
+    Returns ``{host, local_dir, remote_dir, method, files, bytes, code_hash,
+    fallback_reason}``. Raises BadInput for a bad directory or ignore file, TransportError /
+    ConnectError when the host cannot be reached."""
+    root = Path(project_dir).resolve()
+    patterns = ignore_patterns(root)
+    tree = local_tree_hash(root, patterns)
+    host = session.host
+    target = remote_dir_for(host, remote_dir)
+    stats = session.transport.sync(str(root), target, excludes=patterns)
+    record = {"hash": tree["hash"], "files": tree["files"], "bytes": tree["bytes"],
+              "local_dir": str(root), "remote_dir": stats.get("remote_dir", target),
+              "method": stats.get("method"), "pushed_at": time.time()}
+    _write_remote_record(session, record)
+    local = _local_record(host["name"])
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, local)
+    return {"host": host["name"], "local_dir": str(root), "remote_dir": record["remote_dir"],
+            "method": stats.get("method"), "files": stats.get("files"),
+            "bytes": stats.get("bytes"), "code_hash": tree["hash"],
+            "fallback_reason": stats.get("fallback_reason")}
+
+
+def _state_dir(session: Any) -> str:
+    return str(getattr(session, "state_dir", None) or session.host.get("state_dir") or "~/.gpurun")
+
+
+def _write_remote_record(session: Any, record: dict) -> None:
+    state = _state_dir(session)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(record, fh)
+        name = fh.name
+    try:
+        session.transport.put(name, f"{state.rstrip('/')}/{HASH_FILE}")
+    finally:
+        os.unlink(name)
+
+
+def remote_code_info(session: Any) -> dict | None:
+    """The record of the last push to this host as stored on the box, or None."""
+    from orchestrator.transport.ssh import rpath
+
+    path = f"{_state_dir(session).rstrip('/')}/{HASH_FILE}"
+    res = session.transport.run(f"cat {rpath(path)} 2>/dev/null || true", timeout=60)
+    # A noisy .bashrc may print before the JSON; the record is the last line that parses.
+    for line in reversed(res.stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def remote_code_hash(session: Any) -> str | None:
+    """``"sha256:..."`` of the code last pushed to the host, or None if never pushed."""
+    info = remote_code_info(session)
+    return info.get("hash") if info else None
+
+
+def last_local_record(host_name: str) -> dict | None:
+    """What this machine last pushed to ``host_name`` (no network)."""
+    try:
+        return json.loads(_local_record(host_name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def code_differs_warning(session: Any, project_dir: str | os.PathLike) -> str | None:
+    """A one-line warning when the box's pushed code differs from ``project_dir``, else None.
+
+    For submit: costs one round trip plus hashing the local tree."""
+    try:
+        remote = remote_code_info(session)
+    except OperationalError:
+        return None
+    if remote is None:
+        return None
+    here = local_tree_hash(project_dir)
+    if here["hash"] == remote.get("hash"):
+        return None
+    return (f"the code on {session.host['name']} ({remote.get('remote_dir')}) differs from "
+            f"{project_dir}; run `gpurun push --host {session.host['name']}` to update it")

@@ -1,0 +1,168 @@
+"""Use case ``down``: the teardown gate. The meter stops only when every job is terminal and
+every declared artifact is at home, re-read and matching the host's SHA-256 (or verified in
+S3); each decision is appended to ``data_home()/teardown.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator import paths
+from orchestrator.errors import GateRefused
+from orchestrator.sync.keep import KeepPolicy
+from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name, manifest_digest
+from orchestrator.sync.transfer import prefix_hasher
+
+
+@dataclass
+class Assessment:
+    host: str
+    dest: str
+    jobs: list[dict] = field(default_factory=list)       # one row per job: id, name, state, verdict
+    blockers: list[str] = field(default_factory=list)    # running/queued jobs: never waivable here
+    missing: list[str] = field(default_factory=list)     # artifacts not verified at home (waivable)
+    superseded: list[str] = field(default_factory=list)  # not kept by pull.keep_latest: lost on destroy
+    files: int = 0
+    bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.blockers and not self.missing
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "dest": self.dest, "ok": self.ok, "jobs": self.jobs,
+                "blockers": self.blockers, "missing": self.missing, "superseded": self.superseded,
+                "verified_files": self.files, "verified_bytes": self.bytes}
+
+
+def _file_home(rec: JobRecord, f: dict) -> Optional[str]:
+    """How a manifest file is safe at home: "local" (bytes re-read now), "s3", or None."""
+    final = rec.final_path(f["path"])
+    if final.is_file() and final.stat().st_size == f["size"]:
+        if prefix_hasher(final, f["size"]).hexdigest() == f["sha256"]:
+            return "local"
+    s3 = rec.files.get(f["path"], {}).get("s3") or {}
+    if s3.get("verified") and s3.get("sha256") == f["sha256"]:
+        return "s3"
+    return None
+
+
+def assess(session: Any, dest: Path, policy: Optional[KeepPolicy] = None) -> Assessment:
+    """Compare the host's current manifest with what is at home, re-hashing every local
+    copy (a bit flip since the pull counts as missing)."""
+    host = session.host["name"]
+    policy = policy or KeepPolicy()
+    man = session.call("manifest", {"jobs": None, "settle_s": 2.0}, timeout=3600)
+    out = Assessment(host=host, dest=str(dest))
+    for job in man.get("jobs", []):
+        root = dest / job_dir_name(host) / job_dir_name(job["id"])
+        rec = JobRecord(root)
+        label = f"{job.get('name') or job['id']} ({job['id']})"
+        row = {"id": job["id"], "name": job.get("name"), "state": job.get("state"), "dir": str(root),
+               "files": len(job["files"]), "missing": 0, "verdict": "verified"}
+        if not job.get("terminal"):
+            out.blockers.append(f"job {label} is {job.get('state')}")
+            row["verdict"] = "active"
+        metrics = [rec.final_path(f["path"]) for f in job["files"] if f.get("kind") == "metrics"]
+        keep, gone, _ = policy.split(job["files"], metrics)
+        out.superseded += [f"{job['id']}/{f['path']}" for f in gone]
+        for f in keep:
+            where = _file_home(rec, f)
+            if where is None:
+                out.missing.append(f"{job['id']}/{f['path']}")
+                row["missing"] += 1
+            else:
+                out.files += 1
+                out.bytes += f["size"]
+        for p in job.get("pending") or []:
+            out.missing.append(f"{job['id']}/{p['path']} (still being written)")
+            row["missing"] += 1
+        marker = root / VERIFIED
+        if keep and not row["missing"]:
+            try:
+                mk = json.loads(marker.read_text())
+                if mk.get("manifest_sha256") != manifest_digest(job["files"]):
+                    raise ValueError("stale")
+            except (OSError, ValueError):
+                out.missing.append(f"{job['id']}/{VERIFIED} (absent or for an older manifest)")
+                row["missing"] += 1
+        if row["missing"] and row["verdict"] != "active":
+            row["verdict"] = "missing"
+        out.jobs.append(row)
+    return out
+
+
+def describe_verb(profile: Any) -> dict[str, Any]:
+    """What the profile's meter-stop verb does, in plain words."""
+    d = profile.data
+    ms = d["meter_stop"]
+    how = ms.get("how") or {}
+    deleted = [f"{t['name']} ({t['path']})" for t in d.get("storage", []) if not t.get("survives_stop")]
+    kept = [f"{t['name']} ({t['path']})" for t in d.get("storage", []) if t.get("survives_stop")]
+    return {"profile": profile.name, "verb": ms["name"], "irreversible": bool(ms["irreversible"]),
+            "description": " ".join(str(ms.get("description", "")).split()),
+            "deletes": deleted, "keeps": kept,
+            "still_bills": list((d.get("billing") or {}).get("when_stopped") or []),
+            "command": how.get("command"), "api": how.get("api"), "console": how.get("console"),
+            "no_meter": ms["name"] in ("none", "n/a")}
+
+
+def plain_lines(verb: dict) -> list[str]:
+    rev = "IRREVERSIBLE" if verb["irreversible"] else "reversible"
+    lines = [f"Meter-stop verb for profile {verb['profile']}: {verb['verb']} ({rev})."]
+    if verb["description"]:
+        lines.append(f"  What it does: {verb['description']}")
+    lines.append("  Deleted: " + (", ".join(verb["deletes"]) if verb["deletes"] else "nothing gpurun knows of"))
+    if verb["keeps"]:
+        lines.append("  Kept: " + ", ".join(verb["keeps"]))
+    lines.append("  Still bills afterwards: " + (", ".join(verb["still_bills"]) or "nothing known"))
+    return lines
+
+
+def execute(session: Any, verb: dict) -> dict[str, Any]:
+    """Stop the meter where gpurun can: the provider API (``core.rent``), else the
+    profile's in-instance command (started detached, since it may end the SSH session),
+    else say exactly what to click. Returns ``{"how", "detail"}``."""
+    host = session.host
+    if verb["no_meter"]:
+        return {"how": "none", "detail": "no meter to stop on this host"}
+    if host.get("instance") or host.get("instance_id"):
+        try:
+            from orchestrator.core import rent
+        except ImportError:
+            rent = None
+        if rent is not None and hasattr(rent, "stop_or_terminate"):
+            res = rent.stop_or_terminate(host["name"], yes=True)
+            return {"how": "api", "detail": res}
+    if verb["command"]:
+        cmd = verb["command"]
+        wrapped = f"nohup sh -c {shlex.quote('sleep 2; ' + cmd)} >/dev/null 2>&1 </dev/null &"
+        res = session.transport.run(wrapped, timeout=60)
+        if res.exit_code != 0:
+            raise GateRefused(f"could not start {cmd!r} on {host['name']} (exit {res.exit_code})",
+                              verb["console"] and f"do it by hand: {verb['console']}")
+        return {"how": "command", "detail": f"started on the host: {cmd}"}
+    return {"how": "manual", "detail": verb["console"] or verb["api"] or
+            "stop the box the way its owner does; gpurun cannot do it for this profile"}
+
+
+def record(entry: dict[str, Any]) -> Path:
+    """Append one decision to ``teardown.jsonl`` (never a secret: names and counts only)."""
+    path = paths.data_home() / "teardown.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(dict(entry, ts=time.time()), sort_keys=True) + "\n")
+    return path
+
+
+def refusal(a: Assessment) -> GateRefused:
+    if a.blockers:
+        return GateRefused(f"{a.host}: {len(a.blockers)} job(s) not finished: " + "; ".join(a.blockers[:3]),
+                           "wait for them (`gpurun queue status`) or cancel them (`gpurun queue cancel`)")
+    return GateRefused(f"{a.host}: {len(a.missing)} artifact(s) not verified at home, e.g. {a.missing[0]}",
+                       f"run `gpurun pull --host {a.host}` (or --without-artifacts to accept losing them)")

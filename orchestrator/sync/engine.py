@@ -1,0 +1,239 @@
+"""Pull one job's manifest home and verify it: stage, hash, rename, record, mark.
+
+A file reaches its final name only after its SHA-256 matched the host's manifest, so a pull
+killed at any point leaves either nothing, a partial under ``.gpurun-partial/``, or a
+verified file. ``PULL_VERIFIED.json`` is written only when every kept file verified.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from orchestrator.errors import GpurunError
+from orchestrator.sync import checks
+from orchestrator.sync.keep import KeepPolicy
+from orchestrator.sync.state import (PARTIAL_DIR, VERIFIED, JobRecord, job_lock, local_roster,
+                                     manifest_digest, safe_relpath, write_json_atomic)
+from orchestrator.sync.transfer import prefix_hasher
+
+MARKER_SCHEMA = "gpurun/PULL-VERIFIED/v1"
+
+
+class ProgressSink(Protocol):
+    def file_started(self, job: str, path: str, total: int, resumed_from: int) -> None: ...
+    def file_progress(self, pos: int) -> None: ...
+    def file_done(self, ok: bool) -> None: ...
+
+
+class NullProgress:
+    def file_started(self, job: str, path: str, total: int, resumed_from: int) -> None:
+        pass
+
+    def file_progress(self, pos: int) -> None:
+        pass
+
+    def file_done(self, ok: bool) -> None:
+        pass
+
+
+@dataclass
+class JobPull:
+    """What one pass did for one job; ``verified`` means the marker is written and current."""
+
+    job_id: str
+    root: Path
+    pulled: list[str] = field(default_factory=list)
+    skipped: int = 0
+    failed: list[dict] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    superseded: list[str] = field(default_factory=list)
+    pending: int = 0
+    bytes: int = 0
+    wire_bytes: int = 0
+    verified: bool = False
+    complete: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job_id, "dir": str(self.root), "pulled": self.pulled, "skipped": self.skipped,
+                "failed": self.failed, "repaired": self.repaired, "superseded": self.superseded,
+                "pending": self.pending, "bytes": self.bytes, "wire_bytes": self.wire_bytes,
+                "verified": self.verified, "complete": self.complete}
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _local_ok(rec: JobRecord, f: dict, rehash: bool) -> Optional[bool]:
+    """True: the local copy is the manifest's file; False: it exists but differs (bit flip,
+    edit); None: there is no local copy."""
+    final = rec.final_path(f["path"])
+    try:
+        st = final.stat()
+    except FileNotFoundError:
+        return None
+    r = rec.files.get(f["path"], {})
+    if (not rehash and r.get("state") == "verified" and r.get("sha256") == f["sha256"]
+            and r.get("size") == st.st_size and r.get("mtime_ns") == st.st_mtime_ns):
+        return True
+    if st.st_size != f["size"]:
+        return False
+    digest = prefix_hasher(final, st.st_size).hexdigest()
+    if digest == f["sha256"]:
+        rec.mark(f["path"], state="verified", sha256=digest, size=st.st_size,
+                 mtime_ns=st.st_mtime_ns, verified_at=time.time())
+        return True
+    return False
+
+
+def _fetch_one(fetcher: Any, rec: JobRecord, f: dict, job_id: str, progress: ProgressSink,
+               result: JobPull) -> bool:
+    partial = rec.partial_path(f["path"])
+    for attempt in (1, 2):
+        have = partial.stat().st_size if partial.exists() else 0
+        progress.file_started(job_id, f["path"], f["size"], have)
+        try:
+            got = fetcher.fetch(f["remote"], partial, f["size"], progress.file_progress)
+        except GpurunError as exc:
+            progress.file_done(False)
+            result.failed.append({"path": f["path"], "reason": str(exc)})
+            return False
+        result.wire_bytes += got.wire_bytes
+        ok = got.size == f["size"] and got.sha256 == f["sha256"]
+        if not ok and got.size == f["size"]:
+            # the streaming hash can miss an in-place rewrite; one full read settles it
+            ok = prefix_hasher(partial, got.size).hexdigest() == f["sha256"]
+        progress.file_done(ok)
+        if ok:
+            _fsync_path(partial)
+            final = rec.final_path(f["path"])
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial, final)
+            _fsync_path(final.parent)
+            st = final.stat()
+            rec.mark(f["path"], state="verified", sha256=f["sha256"], size=st.st_size,
+                     mtime_ns=st.st_mtime_ns, verified_at=time.time(), method=fetcher.method)
+            rec.save()
+            result.bytes += f["size"]
+            return True
+        partial.unlink(missing_ok=True)  # a bad prefix would poison every resume: start over
+    result.failed.append({"path": f["path"], "reason": "hash differs from the host's manifest "
+                          "(the file changed on the host after it was listed?)"})
+    return False
+
+
+def pull_job(job: dict, root: Path, fetcher: Any, policy: KeepPolicy, *, host: str,
+             progress: Optional[ProgressSink] = None, rehash: bool = False) -> JobPull:
+    """Bring one job's manifest files into ``root`` and write its marker when all verify.
+
+    ``rehash`` re-reads every local copy (detects bit flips); corrupt copies are re-pulled.
+    Raises VerificationError for an unsafe manifest path; transfer failures are reported
+    in the result (the next pass resumes them), never raised."""
+    progress = progress or NullProgress()
+    for f in job["files"]:
+        safe_relpath(f["path"])
+    with job_lock(root):
+        return _pull_locked(job, root, fetcher, policy, host, progress, rehash)
+
+
+def _pull_locked(job: dict, root: Path, fetcher: Any, policy: KeepPolicy, host: str,
+                 progress: ProgressSink, rehash: bool) -> JobPull:
+    rec = JobRecord(root)
+    rec.data["job"] = {"id": job["id"], "name": job.get("name"), "state": job.get("state"), "host": host}
+    result = JobPull(job_id=job["id"], root=root, pending=len(job.get("pending") or []))
+    metrics_files = [f for f in job["files"] if f.get("kind") == "metrics"]
+    metrics_paths = [rec.final_path(f["path"]) for f in metrics_files]
+
+    def ensure(f: dict) -> None:
+        state = _local_ok(rec, f, rehash)
+        if state is True:
+            result.skipped += 1
+            return
+        if state is False:
+            result.repaired.append(f["path"])
+        if _fetch_one(fetcher, rec, f, job["id"], progress, result):
+            result.pulled.append(f["path"])
+
+    for f in metrics_files:  # first: the best-checkpoint choice reads them
+        ensure(f)
+    keep, gone, why = policy.split(job["files"], metrics_paths)
+    for f in keep:
+        if f.get("kind") != "metrics":
+            ensure(f)
+    for f in gone:
+        final = rec.final_path(f["path"])
+        if final.exists():
+            final.unlink()  # local copy only, and only one the policy superseded
+        rec.mark(f["path"], state="superseded", sha256=f["sha256"], size=f["size"])
+        result.superseded.append(f["path"])
+    rec.save()
+    result.verified, result.complete = write_marker(job, rec, keep, gone, why, host)
+    return result
+
+
+def write_marker(job: dict, rec: JobRecord, keep: list[dict], gone: list[dict], why: dict,
+                 host: str) -> tuple[bool, bool]:
+    """Check roster, bytes and hash of every kept file (from the record, refreshed by the
+    pass that just ran), run the format checks, and write or withdraw ``PULL_VERIFIED.json``."""
+    marker = rec.root / VERIFIED
+    problems: list[dict] = []
+    entries: list[dict] = []
+    for f in keep:
+        r = rec.files.get(f["path"], {})
+        final = rec.final_path(f["path"])
+        st = final.stat() if final.exists() else None
+        if st is None:
+            problems.append({"path": f["path"], "problem": "missing"})
+            continue
+        if not (r.get("state") == "verified" and r.get("sha256") == f["sha256"]
+                and st.st_size == f["size"] == r.get("size") and r.get("mtime_ns") == st.st_mtime_ns):
+            problems.append({"path": f["path"], "problem": "not verified against the current manifest"})
+            continue
+        if r.get("checked_sha256") != f["sha256"]:
+            r["checks"] = checks.check_file(final)
+            r["checked_sha256"] = f["sha256"]
+        if "error" in r.get("checks", {}):
+            problems.append({"path": f["path"], "problem": r["checks"]["error"]})
+        entries.append({"path": f["path"], "size": f["size"], "sha256": f["sha256"], "kind": f.get("kind"),
+                        "checks": r.get("checks", {})})
+    rec.save()
+    extra = sorted(local_roster(rec.root) - {f["path"] for f in job["files"]} - set(rec.files))
+    complete = bool(job.get("terminal")) and not job.get("pending")
+    if problems:
+        marker.unlink(missing_ok=True)  # never leave a marker that vouches for older bytes
+        rec.data["problems"] = problems
+        rec.save()
+        return False, False
+    rec.data.pop("problems", None)
+    rec.save()
+    write_json_atomic(marker, {
+        "schema": MARKER_SCHEMA, "host": host,
+        "job": {"id": job["id"], "name": job.get("name"), "state": job.get("state"),
+                "terminal": bool(job.get("terminal"))},
+        "manifest_sha256": manifest_digest(job["files"]), "complete": complete,
+        "verified_at": time.time(), "files": entries,
+        "superseded": [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in gone],
+        "kept_because": why, "pending": job.get("pending") or [], "extra_local": extra,
+        "totals": {"files": len(entries), "bytes": sum(e["size"] for e in entries)},
+    })
+    return True, complete
+
+
+def clean_staging(root: Path) -> None:
+    """Remove empty dirs under the staging area (partials stay: they are the resume point)."""
+    staging = root / PARTIAL_DIR
+    if not staging.is_dir():
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(staging), key=lambda t: -len(t[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass  # not empty

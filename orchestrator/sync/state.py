@@ -1,0 +1,124 @@
+"""The local side of a pull: where a job's files land and what is known about them.
+
+``<dest>/<host>/<job id>/`` holds the artifacts under their manifest paths, a staging area
+``.gpurun-partial/`` for transfers in flight, the pull record ``.gpurun-pull.json`` (so an
+interrupted pull resumes) and ``PULL_VERIFIED.json`` once everything checked out.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrator.errors import VerificationError
+
+PARTIAL_DIR = ".gpurun-partial"
+RECORD = ".gpurun-pull.json"
+VERIFIED = "PULL_VERIFIED.json"
+LOCK = ".gpurun-pull.lock"
+CONTROL_NAMES = frozenset({PARTIAL_DIR, RECORD, VERIFIED, LOCK})
+_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9._+=@,-][A-Za-z0-9 ._+=@,()\[\]-]*$")
+_SAFE_DIR = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def job_dir_name(job_id: str) -> str:
+    """A directory name for a job id; anything unusual is replaced, never interpreted."""
+    name = _SAFE_DIR.sub("_", str(job_id)).strip("._") or "job"
+    return name[:120]
+
+
+def safe_relpath(path: str) -> str:
+    """Validate a manifest path from the box: relative, no ``..``, no control names.
+
+    Raises VerificationError: the box is not trusted to choose where files land."""
+    parts = path.split("/")
+    if (not path or path.startswith("/") or "\\" in path or "\x00" in path
+            or any(p in ("", ".", "..") for p in parts) or parts[0] in CONTROL_NAMES
+            or not all(_SAFE_COMPONENT.match(p) for p in parts)):
+        raise VerificationError(f"unsafe artifact path from host manifest: {path!r}",
+                                "the host's manifest was refused; inspect the job's files on the box")
+    return path
+
+
+def manifest_digest(files: list[dict]) -> str:
+    """SHA-256 over the sorted (path, size, sha256) roster: binds a marker to one manifest."""
+    rows = sorted((f["path"], int(f["size"]), f["sha256"]) for f in files)
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp-%d" % os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class JobRecord:
+    """``.gpurun-pull.json``: per file the hash it was verified against, and the job's last
+    remote manifest. Only files whose bytes were hashed locally are ever marked verified."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.path = root / RECORD
+        self.data: dict[str, Any] = {"schema": "gpurun/PULL-RECORD/v1", "files": {}, "job": {}}
+        if self.path.exists():
+            try:
+                loaded = json.loads(self.path.read_text(encoding="utf-8"))
+                if isinstance(loaded, dict) and isinstance(loaded.get("files"), dict):
+                    self.data = loaded
+            except (OSError, ValueError):
+                pass  # a torn record only costs re-verification: files are re-hashed
+
+    @property
+    def files(self) -> dict[str, dict]:
+        return self.data["files"]
+
+    def mark(self, path: str, **fields: Any) -> None:
+        rec = self.files.setdefault(path, {})
+        rec.update(fields)
+        rec["updated_at"] = time.time()
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def final_path(self, rel: str) -> Path:
+        return self.root / safe_relpath(rel)
+
+    def partial_path(self, rel: str) -> Path:
+        return self.root / PARTIAL_DIR / safe_relpath(rel)
+
+
+@contextmanager
+def job_lock(root: Path) -> Iterator[None]:
+    """Exclusive lock on a job dir for one pull at a time; a second pull waits."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+def local_roster(root: Path) -> set[str]:
+    """Every artifact file under a job dir (control files and staging excluded)."""
+    out: set[str] = set()
+    if not root.is_dir():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d not in CONTROL_NAMES]
+        for name in filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+            if rel in CONTROL_NAMES or rel.startswith(RECORD + ".tmp") or rel.startswith(VERIFIED + ".tmp"):
+                continue
+            out.add(rel)
+    return out

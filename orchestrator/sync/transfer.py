@@ -1,0 +1,239 @@
+"""Resumable single-file transfers into a staging path, hashed while the bytes arrive.
+
+Three methods, one contract ``fetch(remote, partial, size, on_progress) -> Fetched``: rsync
+(``--append-verify``, over SSH or local), SFTP with offset resume (paramiko), and a plain
+local copy. A partial file is only ever appended to; the caller verifies and renames it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from orchestrator.errors import TransportError
+
+CHUNK = 1 << 20
+Progress = Callable[[int], None]  # called with the partial file's current size
+
+
+@dataclass
+class Fetched:
+    sha256: str     # of the whole partial file as it stands on disk
+    size: int
+    wire_bytes: int  # bytes received over the link (rsync's figure, or payload for SFTP)
+    resumed_from: int
+
+
+def prefix_hasher(path: Path, upto: int) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    if upto <= 0:
+        return h
+    with open(path, "rb") as fh:
+        left = upto
+        while left > 0:
+            block = fh.read(min(CHUNK, left))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h
+
+
+def _start_offset(partial: Path, size: int) -> int:
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    have = partial.stat().st_size if partial.exists() else 0
+    if have > size:  # the remote file shrank or was replaced: this partial is useless
+        partial.unlink()
+        have = 0
+    return have
+
+
+class LocalFetcher:
+    """The host is this machine: copy with offset resume."""
+
+    method = "local"
+
+    def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
+        start = _start_offset(partial, size)
+        h = prefix_hasher(partial, start)
+        with open(remote, "rb") as src, open(partial, "ab") as dst:
+            src.seek(start)
+            done = start
+            while done < size:
+                block = src.read(min(CHUNK, size - done))
+                if not block:
+                    break
+                dst.write(block)
+                h.update(block)
+                done += len(block)
+                on_progress(done)
+            dst.flush()
+            os.fsync(dst.fileno())
+        return Fetched(h.hexdigest(), done, done - start, start)
+
+
+class SftpFetcher:
+    """SFTP with offset resume, for boxes without rsync. ``sftp_factory()`` returns a
+    paramiko ``SFTPClient`` (opened lazily, reused across files)."""
+
+    method = "sftp"
+
+    def __init__(self, sftp_factory: Callable[[], object]):
+        self._factory = sftp_factory
+        self._sftp = None
+
+    def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
+        if self._sftp is None:
+            self._sftp = self._factory()
+        start = _start_offset(partial, size)
+        h = prefix_hasher(partial, start)
+        done = start
+        try:
+            with self._sftp.open(remote, "rb") as src, open(partial, "ab") as dst:
+                src.seek(start)
+                src.prefetch(size)  # pipelined reads from the current offset
+                while done < size:
+                    block = src.read(min(CHUNK, size - done))
+                    if not block:
+                        break
+                    dst.write(block)
+                    h.update(block)
+                    done += len(block)
+                    on_progress(done)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except (OSError, EOFError) as exc:
+            self._sftp = None
+            raise TransportError(f"SFTP transfer of {remote} stopped at byte {done}: {exc}",
+                                 "run the pull again: it resumes from the bytes already here") from exc
+        return Fetched(h.hexdigest(), done, done - start, start)
+
+
+class RsyncFetcher:
+    """rsync ``--append-verify`` into the partial path; a reader thread hashes the file as
+    it grows, so verification costs no second pass over the bytes."""
+
+    method = "rsync"
+
+    def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "",
+                 timeout_s: float = 3600.0):
+        self.ssh_argv = ssh_argv  # None: the "remote" path is on this machine
+        self.target = target      # user@host (or alias) for SSH
+        self.timeout_s = timeout_s
+
+    def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
+        start = _start_offset(partial, size)
+        if not partial.exists():
+            partial.touch()
+        argv = ["rsync", "--append-verify", "--stats", "--no-motd", "-s"]
+        if self.ssh_argv is not None:
+            argv += ["-e", " ".join(shlex.quote(a) for a in self.ssh_argv), f"{self.target}:{remote}"]
+        else:
+            argv.append(remote)
+        argv.append(str(partial))
+        tail = _TailHasher(partial)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        out_box: dict = {}
+        reader = threading.Thread(target=lambda: out_box.update(zip(("out", "err"), proc.communicate())),
+                                  daemon=True)
+        reader.start()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while True:
+                tail.pump()
+                on_progress(tail.pos)
+                if proc.poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise TransportError(f"rsync of {remote} timed out after {self.timeout_s:.0f} s")
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            reader.join(timeout=10)
+        out = (out_box.get("out") or b"").decode(errors="replace")
+        err = (out_box.get("err") or b"").decode(errors="replace").strip()
+        if proc.returncode != 0:
+            raise TransportError(f"rsync of {remote} failed (exit {proc.returncode}): {err[-300:]}",
+                                 "run the pull again: it resumes from the bytes already here")
+        digest, have = tail.finish()
+        on_progress(have)
+        m = re.search(r"Total bytes received:\s*([\d,.]+)", out)
+        wire = int(re.sub(r"[,.]", "", m.group(1))) if m else have - start
+        return Fetched(digest, have, wire, start)
+
+
+def _die_with_parent() -> None:
+    """In the rsync child: SIGKILL it if gpurun dies, so a killed pull never leaves an
+    orphan still writing into the partial file the next pull resumes."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the per-job lock still keeps two pulls apart
+
+
+class _TailHasher:
+    """Hashes a file that another process is appending to. A replaced or resized file is
+    re-hashed in ``finish``; bytes rewritten in place are caught by the caller, which
+    re-reads the file once when the streamed hash disagrees with the manifest."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.h = hashlib.sha256()
+        self.pos = 0
+        self.fh = open(path, "rb")
+        self.ino = os.fstat(self.fh.fileno()).st_ino
+
+    def pump(self, limit: int = 64) -> None:
+        for _ in range(limit):
+            block = self.fh.read(CHUNK)
+            if not block:
+                return
+            self.h.update(block)
+            self.pos += len(block)
+
+    def finish(self) -> tuple[str, int]:
+        self.pump(limit=1 << 30)
+        self.fh.close()
+        st = os.stat(self.path)
+        if st.st_ino != self.ino or st.st_size != self.pos:
+            h = prefix_hasher(self.path, st.st_size)  # file replaced or rewritten: start over
+            return h.hexdigest(), st.st_size
+        return self.h.hexdigest(), self.pos
+
+
+def ssh_argv_for(host: dict, known_hosts: Optional[str] = None) -> tuple[list[str], str]:
+    """OpenSSH client argv (without the target) and ``user@host`` for an inventory entry.
+
+    Host keys are checked against gpurun's known_hosts when that file exists (the file
+    ``gpurun host add`` writes), never silently accepted."""
+    ssh = host.get("ssh") or {}
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15",
+            "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR"]
+    if ssh.get("alias"):
+        return argv, ssh["alias"]
+    if ssh.get("port"):
+        argv += ["-p", str(ssh["port"])]
+    if ssh.get("key"):
+        argv += ["-i", os.path.expanduser(str(ssh["key"])), "-o", "IdentitiesOnly=yes"]
+    if ssh.get("proxy_jump"):
+        argv += ["-J", str(ssh["proxy_jump"])]
+    if known_hosts and os.path.exists(known_hosts):
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    user = ssh.get("user")
+    hostname = ssh.get("hostname") or host.get("name")
+    return argv, (f"{user}@{hostname}" if user else str(hostname))

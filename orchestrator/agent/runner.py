@@ -99,6 +99,10 @@ class Runner:
                 self.kill_at[jid] = now + 3600
         self._schedule()
 
+    def signal_job(self, jid: str, pid: int, why: str) -> None:
+        """TERM the job's process group now and KILL it after the grace period."""
+        self._signal(jid, pid, why)
+
     def _signal(self, jid: str, pid: int, why: str) -> None:
         procs.signal_group(pid, signal.SIGTERM)
         self.kill_at[jid] = time.time() + float(self.config.get("kill_grace_s", KILL_GRACE_S))
@@ -141,8 +145,9 @@ class Runner:
             self.store.transition(jid, [S.RUNNING], S.QUALITY_STOPPED, exit_code=code, ended_at=now, pid=None)
             return
         if job["cancel_requested"]:
+            why = job.get("reason") if (job.get("reason") or "").startswith("watchdog") else "cancelled by user"
             self.store.transition(jid, [S.RUNNING], S.CANCELLED, exit_code=code, ended_at=now, pid=None,
-                                  reason="cancelled by user")
+                                  reason=why)
             return
         reason = job.get("reason") or ("exit code %d" % code if code is not None else
                                        "interrupted (process gone without an exit code)")

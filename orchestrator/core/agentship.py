@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
 import zipfile
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def build() -> tuple[str, Path]:
             info = zipfile.ZipInfo(arc, date_time=(2020, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, data)
-    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    tmp = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(b"#!/usr/bin/env python3\n" + buf.getvalue())
     os.replace(tmp, target)
     return build_id, target

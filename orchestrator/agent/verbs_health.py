@@ -1,0 +1,95 @@
+"""Agent verbs of the health room: ``gpu`` (samples + verdict), ``reap`` (plan, and with
+``kill`` execute), ``snapshot`` (everything ``gpurun watch`` shows for one host).
+
+Replies are plain JSON; their keys are a contract with ``orchestrator/cli/{gpu,reap,watch}.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Callable, Dict, List
+
+from orchestrator.agent import watchdog_hook as hook
+
+SNAPSHOT_EVENTS = 20
+
+
+def _public_gpu(rep: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in rep.items() if not k.startswith("_")}
+
+
+def v_gpu(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+    """``{probe, available, driver, no_driver, status, reasons, gpus: [sample + status + reasons]}``."""
+    cfg = dict(ctx.config)
+    if req.get("expect_gpus") is not None:
+        cfg["expect_gpus"] = int(req["expect_gpus"])
+    return _public_gpu(hook.gpu_report(cfg))
+
+
+def v_reap(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+    """``{plan: {candidates, skipped, device_glob, min_age_s, all_users}, executed: [..] | null,
+    free_after_reap_mib: {index: MiB}}``. Kills only when ``kill`` is true."""
+    from orchestrator.health import reaper, watchdog
+
+    try:
+        cfg = watchdog.settings(ctx.config)
+    except ValueError:
+        cfg = watchdog.settings({})
+    running = ctx.store.jobs(["running"])
+    min_age = float(req.get("min_age_s", (ctx.config.get("reap") or {}).get("min_age_s", reaper.MIN_AGE_S)))
+    plan = reaper.plan([j["id"] for j in running], [j["pid"] for j in running if j.get("pid")],
+                       device_glob=req.get("device_glob") or cfg["device_glob"], min_age_s=min_age,
+                       all_users=bool(req.get("all_users")))
+    executed = None
+    if req.get("kill"):
+        executed = reaper.execute(plan, float(req.get("grace", 10.0)))
+        for r in executed:
+            ctx.store.add_event(None, "reaped", "warn", "VRAM zombie pid %d: %s" % (r["pid"], r["outcome"]),
+                                dict(r, notify=False))
+    rep = hook.gpu_report(ctx.config)
+    free = reaper.free_after_reap(plan, rep["_samples"])
+    return {"plan": plan, "executed": executed, "free_after_reap_mib": {str(k): v for k, v in free.items()}}
+
+
+def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[str, Any]:
+    started = job.get("started_at")
+    end = job.get("ended_at") or now
+    p = progress.get(str(job["id"])) or {}
+    return {"id": job["id"], "name": job.get("name"), "state": job["state"], "gpu_ids": job.get("gpu_ids") or [],
+            "pid": job.get("pid"), "attempt": job.get("attempt"),
+            "runtime_s": round(end - started, 1) if started else None,
+            "step": p.get("step"), "loss": p.get("loss"), "reason": job.get("reason")}
+
+
+def _recent_id(store: Any) -> int:
+    """An event id just before the last ``SNAPSHOT_EVENTS`` (the store lists oldest first)."""
+    try:
+        row = store.db.execute("SELECT max(id) FROM events").fetchone()
+        return max(0, int(row[0] or 0) - SNAPSHOT_EVENTS)
+    except Exception:
+        return 0
+
+
+def v_snapshot(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+    """``{host, time, gpu: <gpu reply>, jobs: [..], findings: [..], events: [..], system: {..}}``:
+    jobs are the active ones plus the last few finished; findings are the watchdog's last tick."""
+    now = time.time()
+    last = ctx.store.kv_get(hook.FINDINGS_KEY, {}) or {}
+    jobs = ctx.store.jobs(["running", "queued"])
+    done = sorted(ctx.store.jobs(["succeeded", "failed", "cancelled", "quality_stopped"]),
+                  key=lambda j: j.get("ended_at") or 0)[-int(req.get("finished", 5)):]
+    events: List[Dict[str, Any]] = ctx.store.events(_recent_id(ctx.store), None, SNAPSHOT_EVENTS)
+    return {
+        "host": ctx.config.get("host") or ctx.config.get("name") or socket.gethostname(), "time": now,
+        "gpu": _public_gpu(hook.gpu_report(ctx.config)),
+        "jobs": [_job_row(j, last.get("jobs") or {}, now) for j in jobs + done],
+        "findings": last.get("findings") or [], "findings_at": last.get("at"),
+        "system": last.get("host") or {},
+        "events": [{k: e.get(k) for k in ("id", "ts", "job_id", "kind", "severity", "message")} for e in events],
+    }
+
+
+VERBS: Dict[str, Callable[[Any, Dict[str, Any]], Dict[str, Any]]] = {
+    "gpu": v_gpu, "reap": v_reap, "snapshot": v_snapshot,
+}

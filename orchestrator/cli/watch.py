@@ -1,0 +1,163 @@
+"""``gpurun watch``: a live view of hosts -> GPUs -> jobs and the watchdog's findings.
+
+Hosts are polled in parallel (one thread each, sessions kept open between polls); a host
+that fails shows its error and the others keep updating. ``--once --json`` is for scripts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import click
+
+from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, iso
+from orchestrator.errors import GpurunError
+
+HEALTH_STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
+SEV_STYLE = {"info": "dim", "warn": "yellow", "error": "red", "critical": "bold red"}
+
+
+def _hosts(names: tuple[str, ...]) -> list[dict]:
+    from orchestrator import hosts as hostinv
+
+    if names:
+        return [hostinv.get_host(n) for n in names]
+    inv = hostinv.load_hosts()
+    remote = [h for n, h in sorted(inv.items()) if n != "local"]
+    return remote or [inv["local"]]
+
+
+def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float) -> list[dict]:
+    """One snapshot per host, in parallel. A failed host becomes ``{ok: false, error}``."""
+    def one(name: str) -> dict:
+        t0 = time.monotonic()
+        try:
+            snap = sessions[name].call("snapshot", {}, timeout=timeout)
+            return {"host": name, "ok": True, "error": None, "elapsed_s": round(time.monotonic() - t0, 3), **snap}
+        except GpurunError as exc:
+            return {"host": name, "ok": False, "error": str(exc), "elapsed_s": round(time.monotonic() - t0, 3)}
+
+    futs = {pool.submit(one, n): n for n in sessions}
+    done = {futs[f]: f.result() for f in cf.as_completed(futs)}
+    return [done[n] for n in sessions]
+
+
+def json_host(h: dict) -> dict:
+    """The documented ``--json`` shape of one host."""
+    if not h["ok"]:
+        return {"host": h["host"], "ok": False, "error": h["error"], "elapsed_s": h["elapsed_s"]}
+    g = h["gpu"]
+    return {
+        "host": h["host"], "ok": True, "error": None, "elapsed_s": h["elapsed_s"], "time": iso(h["time"]),
+        "gpu": {"status": g["status"], "available": g["available"], "no_driver": g["no_driver"],
+                "driver": g["driver"], "reasons": g["reasons"],
+                "gpus": [{k: x.get(k) for k in ("index", "name", "uuid", "util_pct", "mem_used_mib", "mem_total_mib",
+                                                "temp_c", "power_w", "status", "reasons")} for x in g["gpus"]]},
+        "jobs": h["jobs"],
+        "findings": [{k: f.get(k) for k in ("code", "severity", "job_id", "message")} for f in h["findings"]],
+        "findings_at": iso(h.get("findings_at")),
+    }
+
+
+def _job_findings(findings: list[dict]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for f in findings:
+        if f.get("job_id"):
+            out.setdefault(f["job_id"], f"[{SEV_STYLE.get(f['severity'], '')}]{f['code']}[/]")
+    return out
+
+
+def render(hosts: list[dict]) -> Any:
+    """A rich renderable of every host (a Group of tables and lines)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    for h in hosts:
+        if not h["ok"]:
+            parts.append(Text.from_markup(f"[bold]{h['host']}[/]  [red]unreachable[/]: {h['error']}"))
+            parts.append(Text(""))
+            continue
+        g = h["gpu"]
+        head = f"[bold]{h['host']}[/]  GPU health [{HEALTH_STYLE[g['status']]}]{g['status']}[/]"
+        if not g["available"]:
+            head += f"  (no NVIDIA GPU here: {g['no_driver']})"
+        parts.append(Text.from_markup(head + f"  [dim]{h['elapsed_s']:.2f}s[/]"))
+        if g["gpus"]:
+            t = Table(box=None, padding=(0, 1), show_edge=False)
+            for col in ("GPU", "util", "memory", "temp", "power", "health"):
+                t.add_column(col, justify="left" if col == "health" else "right")
+            for x in g["gpus"]:
+                mem = "" if x.get("mem_used_mib") is None else \
+                    f"{x['mem_used_mib'] / 1024:.1f}/{(x.get('mem_total_mib') or 0) / 1024:.0f}G"
+                health = f"[{HEALTH_STYLE[x['status']]}]{x['status']}[/]"
+                if x["reasons"]:
+                    health += " " + x["reasons"][0]["message"]
+                t.add_row(str(x["index"]), "" if x.get("util_pct") is None else f"{x['util_pct']:.0f}%", mem,
+                          "" if x.get("temp_c") is None else f"{x['temp_c']:.0f}C",
+                          "" if x.get("power_w") is None else f"{x['power_w']:.0f}W", health)
+            parts.append(t)
+        marks = _job_findings(h["findings"])
+        if h["jobs"]:
+            t = Table(box=None, padding=(0, 1), show_edge=False)
+            for col in ("job", "state", "gpus", "runtime", "step", "loss", "finding"):
+                t.add_column(col)
+            for j in h["jobs"]:
+                t.add_row(j.get("name") or j["id"], f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]",
+                          ",".join(str(i) for i in j["gpu_ids"]), human_duration(j["runtime_s"]),
+                          "" if j["step"] is None else str(j["step"]),
+                          "" if j["loss"] is None else f"{j['loss']:.4g}", marks.get(j["id"], ""))
+            parts.append(t)
+        else:
+            parts.append(Text("  no jobs", style="dim"))
+        for f in [f for f in h["findings"] if not f.get("job_id")][:5]:
+            parts.append(Text.from_markup(f"  [{SEV_STYLE.get(f['severity'], '')}]{f['severity']}[/] {f['message']}"))
+        parts.append(Text(""))
+    parts.append(Text(time.strftime("updated %H:%M:%S  (Ctrl-C to leave; jobs keep running)"), style="dim"))
+    return Group(*parts)
+
+
+@click.command()
+@click.option("--host", "hosts", multiple=True, metavar="NAME",
+              help="Host to watch; repeat for several (default: every SSH host in the inventory, else local).")
+@click.option("--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+              help="Seconds between polls.")
+@click.option("--once", is_flag=True, help="Poll once, print and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one document per poll).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds to wait for one host's reply.")
+def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, timeout: float) -> None:
+    """Live view of hosts, GPUs (util, memory, temperature, power, health) and jobs
+    (state, runtime, last step and loss, watchdog findings)."""
+    from orchestrator.core.session import open_session
+
+    from orchestrator.core import agentship
+
+    entries = _hosts(hosts)
+    agentship.build()  # once, here: parallel first calls would race to write the same zipapp
+    with ExitStack() as stack, cf.ThreadPoolExecutor(max_workers=min(32, len(entries))) as pool:
+        sessions = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
+        if once or as_json:
+            while True:
+                snaps = poll(sessions, pool, timeout)
+                if as_json:
+                    emit_json({"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]})
+                else:
+                    console().print(render(snaps))
+                if once:
+                    return
+                time.sleep(interval)
+        from rich.live import Live
+
+        out = console()
+        try:
+            with Live(render(poll(sessions, pool, timeout)), console=out, auto_refresh=False, screen=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(render(poll(sessions, pool, timeout)), refresh=True)
+        except KeyboardInterrupt:
+            out.print("\nleft the watch; jobs keep running on their hosts")

@@ -1,0 +1,206 @@
+"""Host facts the watchdog trusts inside containers: cgroup v1/v2 memory and ``oom_kill``,
+disk and inode use per storage path, boot id and boot time, process start times from /proc.
+
+Host-wide ``free``/``uptime`` describe the whole machine, not our container, so nothing here
+uses them. Root paths are parameters so tests can point them at a fake tree.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+_V1_UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded LLONG_MAX
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _kv(text: Optional[str]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _own_cgroup(proc: str) -> Dict[str, str]:
+    """controller -> path from /proc/self/cgroup ("" key for the v2 unified entry)."""
+    out: Dict[str, str] = {}
+    for line in (_read(os.path.join(proc, "self", "cgroup")) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for ctl in parts[1].split(",") if parts[1] else [""]:
+                out[ctl] = parts[2]
+    return out
+
+
+def _first_dir(root: str, rel: str) -> str:
+    """Our cgroup's dir if visible, else the mount root (a cgroup namespace shows us as '/')."""
+    cand = os.path.join(root, rel.lstrip("/"))
+    return cand if rel and os.path.isdir(cand) else root
+
+
+def cgroup_memory(root: str = "/sys/fs/cgroup", proc: str = "/proc") -> Dict[str, Any]:
+    """``{version, limit_bytes, usage_bytes, pct, oom_kill, oom}``; unknown values are None.
+
+    ``limit_bytes`` is None when unlimited. ``oom_kill`` counts kills by the cgroup OOM killer
+    (v2 ``memory.events``; v1 ``memory.oom_control`` on kernels >= 4.13).
+    """
+    own = _own_cgroup(proc)
+    out: Dict[str, Any] = {"version": None, "limit_bytes": None, "usage_bytes": None,
+                           "pct": None, "oom_kill": None, "oom": None}
+    if os.path.exists(os.path.join(root, "cgroup.controllers")):
+        d = _first_dir(root, own.get("", "/"))
+        out["version"] = 2
+        out["limit_bytes"] = _int(_read(os.path.join(d, "memory.max")))
+        out["usage_bytes"] = _int(_read(os.path.join(d, "memory.current")))
+        events = _kv(_read(os.path.join(d, "memory.events")))
+    else:
+        base = os.path.join(root, "memory")
+        if not os.path.isdir(base):
+            return out
+        d = _first_dir(base, own.get("memory", "/"))
+        out["version"] = 1
+        limit = _int(_read(os.path.join(d, "memory.limit_in_bytes")))
+        out["limit_bytes"] = limit if limit is not None and limit < _V1_UNLIMITED else None
+        out["usage_bytes"] = _int(_read(os.path.join(d, "memory.usage_in_bytes")))
+        events = _kv(_read(os.path.join(d, "memory.oom_control")))
+    out["oom_kill"] = events.get("oom_kill")
+    out["oom"] = events.get("oom")
+    if out["limit_bytes"] and out["usage_bytes"] is not None:
+        out["pct"] = round(100.0 * out["usage_bytes"] / out["limit_bytes"], 2)
+    return out
+
+
+def disk_usage(paths: Iterable[str], statvfs: Callable[[str], Any] = os.statvfs) -> List[Dict[str, Any]]:
+    """Bytes and inode use per path, one row per filesystem (first path naming it wins).
+
+    Paths that do not exist are skipped. Percentages count reserved blocks as used, like df.
+    """
+    rows: List[Dict[str, Any]] = []
+    seen = set()
+    for path in paths:
+        if not path:
+            continue
+        try:
+            st = statvfs(path)
+        except OSError:
+            continue
+        key = (getattr(st, "f_fsid", None), st.f_blocks, st.f_files)
+        if key in seen and key[0]:
+            continue
+        seen.add(key)
+        total = st.f_blocks * st.f_frsize
+        avail = st.f_bavail * st.f_frsize
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        denom = used + avail
+        inodes_used = st.f_files - st.f_ffree
+        rows.append({
+            "path": path,
+            "bytes_total": total,
+            "bytes_used": used,
+            "bytes_free": avail,
+            "pct": round(100.0 * used / denom, 2) if denom else None,
+            "inodes_total": st.f_files,
+            "inodes_used": inodes_used,
+            "inodes_pct": round(100.0 * inodes_used / st.f_files, 2) if st.f_files else None,
+        })
+    return rows
+
+
+def boot_id(proc: str = "/proc") -> Optional[str]:
+    text = _read(os.path.join(proc, "sys", "kernel", "random", "boot_id"))
+    return text.strip() if text else None
+
+
+def boot_time(proc: str = "/proc") -> Optional[float]:
+    for line in (_read(os.path.join(proc, "stat")) or "").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_stat(pid: int, proc: str = "/proc") -> Optional[Dict[str, Any]]:
+    """``{pid, comm, ppid, start_ticks}`` from /proc/PID/stat; None if the process is gone."""
+    text = _read(os.path.join(proc, str(pid), "stat"))
+    if not text:
+        return None
+    # comm may contain spaces and parentheses: split on the last ')'
+    lpar, rpar = text.find("("), text.rfind(")")
+    rest = text[rpar + 2:].split()
+    if len(rest) < 20:
+        return None
+    return {"pid": pid, "comm": text[lpar + 1:rpar], "state": rest[0], "ppid": int(rest[1]),
+            "start_ticks": int(rest[19])}
+
+
+def process_age(start_ticks: int, now: float, btime: Optional[float]) -> Optional[float]:
+    if btime is None:
+        return None
+    return max(0.0, now - (btime + start_ticks / float(_TICKS)))
+
+
+def proc_environ(pid: int, proc: str = "/proc") -> Optional[Dict[str, str]]:
+    """A process's environment; None when unreadable (gone, or another user and we are not root)."""
+    try:
+        with open(os.path.join(proc, str(pid), "environ"), "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    env: Dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return env
+
+
+def all_pids(proc: str = "/proc") -> List[int]:
+    try:
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return []
+
+
+def children_map(proc: str = "/proc") -> Dict[int, List[int]]:
+    """ppid -> child pids for every visible process (one pass over /proc)."""
+    kids: Dict[int, List[int]] = {}
+    for pid in all_pids(proc):
+        st = proc_stat(pid, proc)
+        if st:
+            kids.setdefault(st["ppid"], []).append(pid)
+    return kids
+
+
+def descendants(roots: Iterable[int], kids: Dict[int, List[int]]) -> set:
+    """The roots and every process below them."""
+    out, stack = set(), list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        stack.extend(kids.get(pid, []))
+    return out

@@ -114,7 +114,9 @@ SCHEMA = Obj({
                    required=True),
     "recovery": Obj({"on_preempt": Str(required=True, choices=("wait", "restart", "replace"))},
                     required=True),
-    "autostop": Obj({"enabled": Bool(required=True), "idle_minutes": Num(minimum=1),
+    "autostop": Obj({"enabled": Bool(required=True), "idle_minutes": Num(minimum=0),
+                     "util_threshold": Num(minimum=0), "check_interval_s": Num(minimum=1),
+                     "command": Str(), "irreversible": Bool(), "allow_irreversible": Bool(),
                      "require_verified_pull": Bool()}, required=True),
 })
 

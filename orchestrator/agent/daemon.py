@@ -139,7 +139,6 @@ class Daemon:
         self.build = build
         self.stop = False
         self.f = files(state_dir)
-        self.periodic_at: dict = {}
 
     def _lock(self) -> Optional[int]:
         fd = os.open(self.f["lock"], os.O_RDWR | os.O_CREAT, 0o600)
@@ -170,15 +169,16 @@ class Daemon:
         store.add_event(None, "agent_start", "info", "agent %s started (pid %d)" % (self.build, os.getpid()),
                         {"boot_id": runner.boot})
         runner.reconcile()
+        periodic = self._periodic_runner(store, runner, config, self.state_dir)
         config_mtime = self._mtime()
         while not self.stop:
             try:
                 mt = self._mtime()
                 if mt != config_mtime:
                     config_mtime = mt
-                    runner.config = config = load_config(self.state_dir)
+                    runner.config = periodic.ctx.config = config = load_config(self.state_dir)
                 runner.step()
-                self._periodic(store, runner, config)
+                periodic.run()
             except Exception:
                 # A bug in one pass must not kill the agent that guards running jobs.
                 sys.stderr.write(traceback.format_exc())
@@ -204,41 +204,10 @@ class Daemon:
     def _on_stop(self, *_: object) -> None:
         self.stop = True
 
-    def _periodic(self, store: Store, runner: Runner, config: dict) -> None:
-        """Watchdog and quality ticks; each room is optional and must never stop the loop."""
-        now = time.time()
-        interval = float((config.get("watchdog") or {}).get("interval_s", 60))
-        if now >= self.periodic_at.get("watchdog", 0):
-            self.periodic_at["watchdog"] = now + interval
-            self._call_hook("orchestrator.agent.watchdog_hook", "tick", _Ctx(self.state_dir, store, config, runner))
-        if now >= self.periodic_at.get("quality", 0):
-            self.periodic_at["quality"] = now + 30
-            self._quality(store, runner, config, now)
-
-    def _quality(self, store: Store, runner: Runner, config: dict, now: float) -> None:
-        try:
-            from orchestrator.agent import quality_hook
-        except ImportError:
-            return
-        for job in store.jobs(["running"]):
-            try:
-                if quality_hook.periodic_due(store, job, now):
-                    res = quality_hook.periodic_check(store, job, now, config)
-                    if res and res.get("stop"):
-                        runner.stop_for_quality(job, str(res.get("summary") or res.get("verdict")))
-            except Exception:
-                sys.stderr.write(traceback.format_exc())
-
     @staticmethod
-    def _call_hook(module: str, fn: str, ctx: object) -> None:
-        try:
-            mod = __import__(module, fromlist=[fn])
-        except ImportError:
-            return
-        try:
-            getattr(mod, fn)(ctx)
-        except Exception:
-            sys.stderr.write(traceback.format_exc())
+    def _periodic_runner(store: Store, runner: Runner, config: dict, state_dir: str) -> "Periodic":
+        from orchestrator.agent.periodic import Periodic
+        return Periodic(_Ctx(state_dir, store, config, runner))
 
 
 class _Ctx:

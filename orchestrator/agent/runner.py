@@ -188,6 +188,8 @@ class Runner:
                 if need > len(free_gpus):
                     continue
                 ids, free_gpus = free_gpus[:need], free_gpus[need:]
+                if not self._admit(job, ids):
+                    continue
             else:
                 if free_slots <= 0:
                     break
@@ -198,6 +200,27 @@ class Runner:
                 continue
             if self._launch(job, ids) and free_slots is not None:
                 free_slots -= 1
+
+    def _admit(self, job: dict, gpu_ids: List[int]) -> bool:
+        """VRAM admission before placing a job, when the profile asks for it (auto-reap of
+        zombies or a minimum of free MiB): the same plan as ``gpurun reap``."""
+        reap = self.config.get("reap") or {}
+        need = self.config.get("min_free_mib")
+        if not reap.get("auto") and need is None:
+            return True
+        try:
+            from orchestrator.agent.watchdog_hook import admission
+        except ImportError:
+            return True
+        from orchestrator.agent.daemon import _Ctx
+        res = admission(_Ctx(self.state_dir, self.store, self.config, self), gpu_ids, need)
+        if not res["ok"]:
+            key = "admission_wait:%s" % job["id"]
+            if not self.store.kv_get(key):
+                self.store.kv_set(key, True)
+                self.store.add_event(job["id"], "admission", "warn", "waiting for VRAM on GPU %s: free %s MiB, need %s"
+                                     % (gpu_ids, res["free_mib"], need))
+        return bool(res["ok"])
 
     def _resume_gate(self, job: dict) -> bool:
         """Judge a job's metrics before any restart; a STOP verdict ends it as quality_stopped."""

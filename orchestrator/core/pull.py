@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from orchestrator import paths
-from orchestrator.errors import ConfigError, TransportError
+from orchestrator.errors import ConfigError, GpurunError, TransportError
 from orchestrator.sync.engine import JobPull, ProgressSink, clean_staging, pull_job
 from orchestrator.sync.keep import KeepPolicy
 from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name
@@ -102,6 +102,16 @@ def _manifest(session: Any, jobs: Optional[list[str]], settle_s: float) -> dict:
     return session.call("manifest", {"jobs": jobs, "settle_s": settle_s}, timeout=3600)
 
 
+def _mark_pulled(session: Any, job: dict, rec: Any) -> None:
+    """Tell the agent which files are verified at home (the box-side autostop gate reads it)."""
+    files = [{"path": f["path"], "sha256": f["sha256"]} for f in job["files"]
+             if rec.files.get(f["path"], {}).get("state") in ("verified", "superseded")]
+    try:
+        session.call("mark_pulled", {"job": job["id"], "files": files, "at": time.time()})
+    except GpurunError:
+        pass  # best effort: without the record, autostop simply keeps the box running
+
+
 def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
               policy: Optional[KeepPolicy] = None, fetcher: Any = None,
               progress: Optional[ProgressSink] = None, rehash: bool = False, s3: Any = None,
@@ -127,6 +137,8 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
             rec = JobRecord(root)
             kept = [f for f in job["files"] if rec.files.get(f["path"], {}).get("state") == "verified"]
             row["s3_pushed"] = push_job(s3, rec, root / VERIFIED, host, root.name, kept)
+        if res.verified and res.complete and not res.failed:
+            _mark_pulled(session, job, JobRecord(root))
         done = done and res.complete and not res.failed
         results.append(row)
     return {"host": host, "dest": str(dest), "jobs": results, "done": done, "method": fetcher.method}

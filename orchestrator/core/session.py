@@ -30,9 +30,10 @@ def rq(path: str) -> str:
 def host_config(host: dict) -> dict:
     """The config the agent runs with: profile sections plus host overrides."""
     cfg: dict[str, Any] = {"host": host["name"], "profile": host.get("profile"), "slots": host.get("slots") or 1}
-    for key in ("expect_gpus", "gpus", "notify"):
+    for key in ("expect_gpus", "gpus", "notify", "instance", "workdir", "min_free_mib"):
         if host.get(key) is not None:
             cfg[key] = host[key]
+    cfg["provider"] = (host.get("instance") or {}).get("provider") or host.get("profile")
     try:
         from orchestrator.profiles import load_profile
         prof = load_profile(host.get("profile") or "local")

@@ -63,13 +63,18 @@ class Session:
         from orchestrator.core import agentship
         build, pyz = agentship.build()
         rpyz = f"{self.state_dir}/bin/agent-{build}.pyz"
+        rdir = f"{self.state_dir}/bin/agent-{build}"
         req = dict(payload or {})
-        cmd = (f"[ -f {rq(rpyz)} ] || {{ echo GPURUN-NO-AGENT; exit {NO_AGENT}; }}; "
-               f"exec {shlex.quote(self.python)} {rq(rpyz)} {shlex.quote(verb)} --state-dir {rq(self.state_dir)}")
+        py = shlex.quote(self.python)
+        args = f"{shlex.quote(verb)} --state-dir {rq(self.state_dir)}"
+        # the unpacked copy (bytecode cached) when present, else the zipapp, else ask for it
+        cmd = (f"if [ -f {rq(rdir + '/__main__.py')} ]; then exec {py} {rq(rdir + '/__main__.py')} {args}; "
+               f"elif [ -f {rq(rpyz)} ]; then exec {py} {rq(rpyz)} {args}; "
+               f"else echo GPURUN-NO-AGENT; exit {NO_AGENT}; fi")
         if not self.ensured:
             cfg = host_config(self.host)
             req["_config"] = cfg
-            cmd += f" --ensure {build} --detach {shlex.quote(self._detach(cfg))}"
+            cmd = cmd.replace(args, f"{args} --ensure {build} --detach {shlex.quote(self._detach(cfg))}")
         body = json.dumps(req)
         res = self.transport.run(cmd, input=body, timeout=timeout)
         if res.exit_code == NO_AGENT and "GPURUN-NO-AGENT" in res.stdout:

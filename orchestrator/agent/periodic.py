@@ -24,7 +24,10 @@ class Periodic:
         cfg = self.ctx.config
         interval = float((cfg.get("watchdog") or {}).get("interval_s", 60))
         auto_every = float((cfg.get("autostop") or {}).get("check_interval_s", 60))
-        for name, every, fn in (("watchdog", interval, self.watchdog), ("quality", 30.0, self.quality),
+        # look for due quality checks at least as often as the shortest interval of the ladder
+        ladder = (cfg.get("quality") or {}).get("intervals_s") or [600]
+        q_every = max(1.0, min(30.0, float(min(ladder))))
+        for name, every, fn in (("watchdog", interval, self.watchdog), ("quality", q_every, self.quality),
                                 ("autostop", auto_every, self.autostop)):
             if now >= self.due.get(name, 0.0):
                 self.due[name] = now + every
@@ -48,7 +51,7 @@ class Periodic:
             return
         store, runner = self.ctx.store, self.ctx.runner
         for job in store.jobs(["running"]):
-            if quality_hook.periodic_due(store, job, now):
+            if quality_hook.periodic_due(store, job, now, self.ctx.config):
                 res = quality_hook.periodic_check(store, job, now, self.ctx.config)
                 if res and res.get("stop"):
                     runner.stop_for_quality(job, str(res.get("summary") or res.get("verdict")))

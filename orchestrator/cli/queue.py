@@ -91,7 +91,7 @@ def render_table(host: str, jobs: list[dict]) -> None:
     from rich.table import Table
     table = Table(title=f"queue on {host}", title_justify="left")
     for col in ("#", "name", "state", "exit", "try", "gpus", "runtime", "id"):
-        table.add_column(col, no_wrap=col in ("#", "state", "id"))
+        table.add_column(col, no_wrap=col in ("#", "state", "id"), overflow="fold")
     now = time.time()
     for j in jobs:
         runtime = None

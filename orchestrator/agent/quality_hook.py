@@ -1,0 +1,185 @@
+"""The agent's quality duties: the periodic check of running jobs and the resume gate.
+
+Periodic: adaptive interval 10 -> 20 -> 30 -> 60 min while healthy, back to 10 after any
+anomaly, persisted in the store's kv table (``quality:<job id>``); action ``alert`` (event,
+which notifications pick up) or ``stop`` (opt-in). Resume gate: judge the metrics up to the
+last checkpoint; STOP saves evidence (JSON + SVG) in ``<run_dir>/quality/`` and refuses.
+Unreadable metrics are WAIT: reported, never a reason to stop or refuse.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import time
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.quality import judge as J
+from orchestrator.quality.options import opts_from_config
+from orchestrator.quality.plot import sparkline, write_plot
+from orchestrator.quality.sources import Tracker, discover
+
+LADDER_S = (600, 1200, 1800, 3600)
+_TRACKERS: Dict[str, Tuple[Tuple[str, ...], Tracker]] = {}  # job id -> (targets, tracker), daemon lifetime
+_CKPT_STEP = re.compile(r"(?:checkpoint|ckpt|step|iter|global_step|epoch)[-_=]?(\d+)", re.I)
+
+
+def metrics_targets(job: dict, with_log: bool = True) -> List[str]:
+    """Declared metrics first, then what the run dir holds, then the job's own log as fallback."""
+    out: List[str] = []
+    if job.get("metrics"):
+        out.append(job["metrics"])
+    run_dir = job.get("run_dir")
+    if run_dir and os.path.isdir(run_dir):
+        for p in discover(run_dir):
+            if "/quality/" not in p and p not in out and p != job.get("log"):
+                out.append(p)
+    if with_log and out and job.get("log") and job["log"] not in out:
+        out.append(job["log"])
+    return out
+
+
+def _ladder(config: dict) -> Tuple[float, ...]:
+    q = (config or {}).get("quality") or {}
+    lad = q.get("intervals_s") or LADDER_S
+    return tuple(float(x) for x in lad)
+
+
+def _key(job: dict) -> str:
+    return "quality:%s" % job["id"]
+
+
+def periodic_due(store, job: dict, now: float, config: Optional[dict] = None) -> bool:
+    """True when this running job has metrics and its next check time has come. The first
+    check comes one interval (``quality.intervals_s[0]``, default 10 min) after the start."""
+    st = store.kv_get(_key(job)) or {}
+    if st.get("attempt") != job.get("attempt"):
+        st = {}
+    if "next_at" in st:
+        return now >= float(st["next_at"])
+    if not metrics_targets(job, with_log=False):
+        return False
+    start = job.get("started_at") or now
+    return now >= start + _ladder(config or {})[0]
+
+
+def _tracker(job: dict, targets: List[str]) -> Tracker:
+    key = tuple(targets)
+    ent = _TRACKERS.get(job["id"])
+    if ent is None or ent[0] != key:
+        ent = _TRACKERS[job["id"]] = (key, Tracker(targets))
+    return ent[1]
+
+
+def periodic_check(store, job: dict, now: float, config: dict) -> dict:
+    """Judge one running job; returns {verdict, summary, stop, interval_s, findings, evidence_path}."""
+    ladder = _ladder(config)
+    st = store.kv_get(_key(job)) or {}
+    if st.get("attempt") != job.get("attempt"):
+        st = {"attempt": job.get("attempt"), "idx": 0}
+    targets = metrics_targets(job)
+    try:
+        opts = opts_from_config(config, job)
+    except ValueError as exc:
+        opts = {}
+        store.add_event(job["id"], "quality", "warn", "quality config ignored: %s" % exc)
+    tr = _tracker(job, targets)
+    run = tr.update()
+    verdict = J.judge(run, opts, tr.problems if not tr.readable() else None)
+    anomaly = any(f["severity"] in ("warn", "stop") for f in verdict["findings"])
+    idx = int(st.get("idx", 0))
+    if anomaly or verdict["verdict"] == "STOP":
+        idx = 0
+    elif verdict["verdict"] == "CONTINUE" and run.last_step != st.get("last_step"):
+        idx = min(idx + 1, len(ladder) - 1)
+    interval = ladder[min(idx, len(ladder) - 1)]
+    summary = verdict["reason"]
+    res = {"verdict": verdict["verdict"], "summary": summary, "stop": False, "interval_s": interval,
+           "findings": verdict["findings"], "source": tr.active, "evidence_path": None}
+    action = (opts.get("action") or "alert").lower()
+    codes = sorted({f["code"] for f in verdict["findings"] if f["severity"] in ("warn", "stop")})
+    if verdict["verdict"] == "STOP":
+        res["evidence_path"] = save_evidence(job, run, verdict, "periodic")
+        store.add_event(job["id"], "quality", "error", "quality check: STOP: %s" % summary,
+                        {"verdict": "STOP", "findings": verdict["findings"], "evidence": res["evidence_path"],
+                         "action": action})
+        res["stop"] = action == "stop"
+    elif codes and codes != st.get("codes"):
+        store.add_event(job["id"], "quality", "warn", "quality check: %s: %s" % (verdict["verdict"], summary),
+                        {"verdict": verdict["verdict"], "codes": codes})
+    elif verdict["unreadable"] and st.get("verdict") != "unreadable":
+        store.add_event(job["id"], "quality", "warn", "metrics unreadable (WAIT): %s" % "; ".join(verdict["unreadable"]))
+    store.kv_set(_key(job), {"attempt": job.get("attempt"), "idx": idx, "next_at": now + interval,
+                             "last_step": run.last_step, "codes": codes, "checked_at": now,
+                             "verdict": "unreadable" if verdict["unreadable"] else verdict["verdict"],
+                             "summary": summary})
+    return res
+
+
+def checkpoint_step(job: dict) -> Optional[float]:
+    """The newest checkpoint's step, from names like checkpoint-1200, ckpt_1200.pt, step=1200."""
+    d = job.get("checkpoints")
+    if not d or not os.path.exists(d):
+        return None
+    names = os.listdir(d) if os.path.isdir(d) else [os.path.basename(d)]
+    steps = [float(m.group(1)) for n in names for m in [_CKPT_STEP.search(n)] if m]
+    return max(steps) if steps else None
+
+
+def resume_gate(job: dict, config: dict) -> dict:
+    """May this job be restarted? {allowed, verdict, evidence_path, summary, checkpoint_step}."""
+    targets = metrics_targets(job)
+    ck = checkpoint_step(job)
+    if ck is not None and job.get("checkpoints"):
+        hf = os.path.join(job["checkpoints"], "checkpoint-%d" % ck, "trainer_state.json")
+        if os.path.exists(hf):  # it travels with the checkpoint: the best possible input
+            targets.insert(0, hf)
+    try:
+        opts = opts_from_config(config, job)
+    except ValueError:
+        opts = {}
+    if ((config or {}).get("quality") or {}).get("gate_reviewer") is False:
+        opts.pop("reviewer_command", None)
+    if not targets:
+        return {"allowed": True, "verdict": "WAIT", "evidence_path": None, "checkpoint_step": ck,
+                "summary": "no metrics found for this job"}
+    tr = Tracker(targets)
+    run = tr.update()
+    if ck is not None:
+        run = run.upto(ck)
+    verdict = J.judge(run, opts, tr.problems if not tr.readable() else None)
+    res = {"allowed": verdict["verdict"] != "STOP", "verdict": verdict["verdict"], "evidence_path": None,
+           "checkpoint_step": ck, "summary": verdict["reason"], "findings": verdict["findings"]}
+    if verdict["verdict"] == "STOP":
+        res["evidence_path"] = save_evidence(job, run, verdict, "resume_gate", checkpoint_step=ck,
+                                             source=tr.active)
+    return res
+
+
+def save_evidence(job: dict, run, verdict: dict, kind: str, **extra) -> Optional[str]:
+    """Write ``<run_dir>/quality/<kind>-<time>.json`` (+ ``.svg``); never raises."""
+    try:
+        d = os.path.join(job["run_dir"], "quality")
+        os.makedirs(d, exist_ok=True)
+        base = os.path.join(d, "%s-%s" % (kind, time.strftime("%Y%m%dT%H%M%S")))
+        plot = base + ".svg"
+        try:
+            write_plot(plot, run, verdict)
+        except (OSError, ValueError):
+            plot = None
+        ev = J.evidence(verdict, run, dict(extra, job_id=job["id"], job_name=job.get("name"), kind=kind,
+                                           run_dir=job["run_dir"], attempt=job.get("attempt"), plot=plot,
+                                           sparkline=sparkline(run.main_loss())))
+        tmp = base + ".json.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(ev, f, indent=1, default=str)
+        os.replace(tmp, base + ".json")
+        return base + ".json"
+    except OSError:
+        return None
+
+
+def latest_evidence(job: dict) -> List[str]:
+    return sorted(glob.glob(os.path.join(job.get("run_dir") or "", "quality", "*.json")))

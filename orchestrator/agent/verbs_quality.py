@@ -1,0 +1,56 @@
+"""Agent verbs of the quality room: ``check`` judges one job's metrics on the host.
+
+Reply: the verdict dict of ``orchestrator.quality.judge`` plus ``job``, ``sparkline``,
+``loss_points`` (down-sampled [step, value] pairs for the client's plot) and ``periodic``
+(the last periodic check's state). Its keys are a contract with ``orchestrator/cli/check.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+from orchestrator.agent.quality_hook import checkpoint_step, metrics_targets
+from orchestrator.agent.verbs import VerbError
+from orchestrator.quality import judge as J
+from orchestrator.quality.options import normalize_baseline, opts_from_config, parse_primary
+from orchestrator.quality.plot import _points, sparkline
+from orchestrator.quality.sources import Tracker
+
+
+def v_check(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+    ref = req.get("job")
+    job = ctx.store.get_job(ref) if ref is not None else None
+    if job is None:
+        raise VerbError("no job %r on this host" % ref, "not_found", "see `gpurun queue status`")
+    try:
+        opts = opts_from_config(ctx.config, job)
+        prim = req.get("primary")
+        if prim:
+            opts["primary"] = parse_primary(prim) if isinstance(prim, str) else (prim[0], prim[1])
+        if req.get("baseline"):
+            opts["baseline"] = normalize_baseline(req["baseline"])
+    except ValueError as exc:
+        raise VerbError(str(exc), "bad_input", "fix the --primary / --baseline value")
+    targets = metrics_targets(job)
+    if not targets:
+        out = J.judge(Tracker([]).run, opts, ["no metrics declared (metrics=) or found in %s" % job["run_dir"]])
+    else:
+        tr = Tracker(targets)
+        run = tr.update()
+        if req.get("upto_checkpoint"):
+            ck = checkpoint_step(job)
+            if ck is not None:
+                run = run.upto(ck)
+        out = J.judge(run, opts, tr.problems if not tr.readable() else None)
+        out["source"] = tr.active
+        main = run.main_loss()
+        out["sparkline"] = sparkline(main)
+        out["loss_points"] = [[a, b if b == b and abs(b) != float("inf") else str(b)]
+                              for a, b in (_points(main, 600) if main is not None else [])]
+        out["loss_series"] = main.name if main is not None else None
+    out["job"] = {"id": job["id"], "name": job["name"], "state": job["state"], "run_dir": job["run_dir"]}
+    out["periodic"] = ctx.store.kv_get("quality:%s" % job["id"])
+    return out
+
+
+VERBS: Dict[str, Callable[[Any, Dict[str, Any]], Dict[str, Any]]] = {"check": v_check}

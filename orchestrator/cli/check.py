@@ -1,0 +1,161 @@
+"""``gpurun check SOURCE``: judge a training run from its metrics (file, run dir, queue job).
+
+Exit codes (contract): 0 CONTINUE, 10 WAIT, 11 STOP; 2 bad input; 1 host/agent failure.
+``--json`` prints ``{"verdict", "reason", "findings": [{code, severity, step, series,
+evidence, hint}], "source", "format", "last_step", "points", "series", "resumed",
+"restarts", "unreadable", "checker_version", "sparkline"}`` (+ ``job`` for ``--job``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import click
+
+from orchestrator.errors import BadInput, Unsupported
+
+SEV_STYLE = {"stop": "bold red", "warn": "yellow", "info": "dim"}
+VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold green"}
+
+
+def _opts(primary: Optional[str], baseline: Optional[str], reviewer: Optional[str]) -> dict:
+    from orchestrator.quality.options import load_baseline, parse_primary
+    opts: dict = {}
+    try:
+        if primary:
+            opts["primary"] = parse_primary(primary)
+        if baseline:
+            opts["baseline"] = load_baseline(baseline)
+    except ValueError as exc:
+        raise BadInput(str(exc), "see `gpurun check --help` for the accepted forms")
+    if reviewer:
+        opts["reviewer_command"] = reviewer
+    return opts
+
+
+def _check_plot_path(plot: Optional[str]) -> None:
+    if not plot:
+        return
+    low = plot.lower()
+    if not low.endswith((".svg", ".png")):
+        raise BadInput("--plot %s: the file must end in .svg or .png" % plot, "SVG needs nothing extra")
+    if low.endswith(".png"):
+        try:
+            import matplotlib  # noqa: F401  # type: ignore
+        except ImportError:
+            raise Unsupported("--plot %s: PNG output needs matplotlib, which is not installed" % plot,
+                              "pip install matplotlib, or write --plot FILE.svg (no extra dependency)")
+    d = os.path.dirname(os.path.abspath(plot))
+    if not os.path.isdir(d):
+        raise BadInput("--plot %s: directory %s does not exist" % (plot, d))
+
+
+@click.command()
+@click.argument("source", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (documented keys).")
+@click.option("--baseline", type=click.Path(dir_okay=False), help="Reference run metrics, or JSON {metric: value | {step: value}}.")
+@click.option("--primary", metavar="METRIC:min|max", help="The metric that decides eval regressions, e.g. eval_wer:min.")
+@click.option("--plot", metavar="FILE.svg|png", help="Write a loss plot with the anomaly marked.")
+@click.option("--host", "host", help="Judge a queue job on this host (with --job).")
+@click.option("--job", "job", help="Queue job name, id or number (with --host).")
+@click.option("--regex", "user_regex", help="Your own line regex with named groups, e.g. '(?P<step>\\d+) (?P<loss>\\S+)'.")
+@click.option("--upto-step", type=float, help="Judge only the history up to this step (the resume gate's view).")
+@click.option("--reviewer", help="Command that gets the JSON summary on stdin for ambiguous cases.")
+@click.pass_context
+def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Optional[str], primary: Optional[str],
+          plot: Optional[str], host: Optional[str], job: Optional[str], user_regex: Optional[str],
+          upto_step: Optional[float], reviewer: Optional[str]) -> None:
+    """Judge a training run: STOP, CONTINUE or WAIT, with reasons and hints.
+
+    SOURCE is a metrics file (JSONL, CSV, trainer_state.json, a log, a TensorBoard event file,
+    a .wandb file), a run directory, or wandb:ENTITY/PROJECT/RUN_ID. Exit code: 0 CONTINUE,
+    10 WAIT, 11 STOP.
+    """
+    from orchestrator.quality.judge import EXIT_CODES
+    _check_plot_path(plot)
+    opts = _opts(primary, baseline, reviewer)
+    if job or host:
+        if not job or source:
+            raise BadInput("use either SOURCE, or --job NAME [--host H]",
+                           "e.g. `gpurun check run/metrics.jsonl` or `gpurun check --job toy-diverge-lr3`")
+        out, run = _remote(host, job, opts, upto_step)
+    elif not source:
+        raise BadInput("missing SOURCE (a metrics file or run dir) or --host H --job NAME",
+                       "gpurun check runs/exp1/metrics.jsonl")
+    else:
+        if user_regex:
+            import re
+            try:
+                re.compile(user_regex)
+            except re.error as exc:
+                raise BadInput("--regex: %s" % exc, "use named groups: (?P<step>\\d+) ... (?P<loss>[\\d.eE+-]+|nan)")
+        out, run = _local(source, opts, upto_step, user_regex)
+    if plot:
+        from orchestrator.quality.plot import write_plot
+        write_plot(plot, run, out)
+        out["plot"] = plot
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+    else:
+        _human(out)
+    ctx.exit(EXIT_CODES[out["verdict"]])
+
+
+def _local(source: str, opts: dict, upto_step: Optional[float], user_regex: Optional[str]):
+    from orchestrator.quality.judge import judge
+    from orchestrator.quality.plot import sparkline
+    from orchestrator.quality.sources import Tracker
+    tr = Tracker.for_target(source, user_regex)
+    run = tr.update()
+    if upto_step is not None:
+        run = run.upto(upto_step)
+    out = judge(run, opts, tr.problems if not tr.readable() else None)
+    out["source"] = tr.active or source
+    out["format"] = getattr(tr.source, "kind", None)
+    out["sparkline"] = sparkline(run.main_loss())
+    return out, run
+
+
+def _remote(host: str, job: str, opts: dict, upto_step: Optional[float]):
+    from orchestrator.core.session import open_session
+    from orchestrator.quality.series import Run
+    req = {"job": job, "primary": list(opts["primary"]) if opts.get("primary") else None,
+           "baseline": {k: ({str(s): v for s, v in b.items()} if isinstance(b, dict) else b)
+                        for k, b in (opts.get("baseline") or {}).items()} or None,
+           "upto_checkpoint": upto_step is not None}
+    with open_session(host) as s:
+        out = s.call("check", req)
+    run = Run(out.get("source") or "")
+    pts = [(float(a), float(b)) for a, b in out.get("loss_points") or []]
+    if pts:
+        run.add_record(pts[0][0], [(out.get("loss_series") or "loss", pts[0][1])])
+        for a, b in pts[1:]:
+            run.add_record(a, [(out.get("loss_series") or "loss", b)])
+    out.pop("loss_points", None)
+    return out, run
+
+
+def _human(out: dict) -> None:
+    from orchestrator.cli.render import console
+    con = console()
+    head = "[%s]%s[/]  %s" % (VERDICT_STYLE[out["verdict"]], out["verdict"], out["reason"])
+    con.print(head)
+    src = out.get("source") or ""
+    if out.get("job"):
+        src = "job %s (%s) %s" % (out["job"]["name"], out["job"]["state"], src)
+    con.print("[dim]source:[/] %s  [dim]format:[/] %s  [dim]last step:[/] %s  [dim]points:[/] %s%s"
+              % (src, out.get("format") or "?", out.get("last_step"), out.get("points"),
+                 "  [dim](resumed run)[/]" if out.get("resumed") else ""), markup=True)
+    if out.get("sparkline"):
+        con.print("[dim]loss:[/] %s" % out["sparkline"])
+    for p in out.get("unreadable") or []:
+        con.print("[yellow]unreadable:[/] %s" % p)
+    for f in out["findings"]:
+        style = SEV_STYLE.get(str(f["severity"]), "")
+        con.print("  [%s]%-5s[/] %s at step %s" % (style, f["severity"], f["code"], f["step"]))
+        if f.get("hint") and f["severity"] != "info":
+            con.print("        [dim]hint:[/] %s" % f["hint"])
+    if out.get("plot"):
+        con.print("[dim]plot:[/] %s" % out["plot"])

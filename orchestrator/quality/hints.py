@@ -1,0 +1,76 @@
+"""Short, situation-specific remedies attached to findings (from shared/reference/remedies.md).
+
+A hint says what to try next, never restates the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.quality.series import Run
+
+
+def nonfinite(step, fp16_signs: bool) -> str:
+    h = ("NaN/Inf loss from step %s. If a retry hits it at the same step, inspect that batch "
+         "(NaN inputs, labels outside [0, C), empty sequences); at varying steps suspect the LR or "
+         "numerics (log of <= 0, division without epsilon, hand-written log(softmax)). " % _s(step))
+    if fp16_signs:
+        h += "The loss scale is logged, so this is fp16: prefer bf16, or unscale before clipping. "
+    else:
+        h += "Under fp16, prefer bf16 (fp16 overflows above 65504). "
+    return h + "Resume from the last checkpoint before step %s, not the latest." % _s(step)
+
+
+COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or masked away (all labels "
+            "ignored, empty targets) or fp16 overflowed; check the label mask and try bf16.")
+GRAD_NAN_PERSIST = ("grad norm non-finite on many steps: the fp16 loss scale is collapsing (a real overflow, "
+                    "not the usual skipped step): switch to bf16, lower the LR, clip the grad norm.")
+GRAD_NAN_BENIGN = ("isolated non-finite grad norm: normal under fp16 dynamic loss scaling (skipped step); "
+                   "worry only if it repeats on most steps.")
+DIVERGE_WARN = ("loss rising over the recent window: watch the next check; if the LR ramp just ended, "
+                "a longer warmup or a lower peak LR usually helps.")
+SPIKE = ("one loss spike: healthy runs have some, so this is not a stop; if it does not come back down "
+         "within ~20 logs, resume from a checkpoint before it and skip those batches.")
+FROZEN = "the loss has not moved at all for 100+ logs: is the optimizer stepping, is the data loader repeating one batch?"
+EVAL_PRIMARY = ("the primary eval metric got worse on consecutive evals while training continues: "
+                "overfitting or a bad LR decay; keep the best checkpoint, lower the LR or add regularisation.")
+EVAL_SECONDARY = ("eval loss is rising; judge the primary metric (pass --primary METRIC:min|max): eval loss "
+                  "may rise while WER or accuracy improves.")
+BASELINE = "the primary metric is well below the baseline run at the same step: compare configs (LR, batch, data)."
+LR_INVALID = "learning rate is negative or non-finite: check the scheduler formula (cosine past its end, warmup of 0 steps)."
+LR_FLAT = "a schedule is declared but the logged LR never changes: the scheduler is not being stepped (scheduler.step())."
+GRAD_EXPLODE = ("grad norm far above its post-warmup level and rising: clip the global norm (0.5-1.0), lower the LR, "
+                "warm up longer, bf16 instead of fp16.")
+GRAD_VANISH = ("grad norm vanished: check residual connections / normalisation / init, that the LR is not "
+               "tiny, and that the parameters are in the optimizer.")
+THROUGHPUT = ("throughput fell below 0.7x its run median: data-loader bound, thermal throttling, another process "
+              "on the GPU or host-RAM pressure; `gpurun gpu` for the same window usually says which.")
+NEGATIVE = "a loss bounded below by 0 went negative: a sign error or a wrong reduction in the loss; set quality.loss_bounded_below: false if negative values are legitimate."
+
+
+def divergence(run: Run, onset) -> str:
+    lr = run.get("lr")
+    h = "loss rose and stayed up from step %s. " % _s(onset)
+    if lr is not None and len(lr) > 5:
+        i = max(range(len(lr)), key=lambda k: lr.values[k] if lr.values[k] == lr.values[k] else -1)
+        if lr.steps[i] <= onset and onset - lr.steps[i] < max(500.0, 0.1 * onset):
+            h += "It follows the end of the LR ramp (peak at step %s): warm up longer or lower the peak LR 3-10x. " % _s(lr.steps[i])
+        else:
+            h += "Lower the peak LR or lengthen warmup; check the grad norm (it usually rises first). "
+    else:
+        h += "Lower the peak LR or lengthen warmup; clip the grad norm. "
+    return h + "Resume from the last good checkpoint before step %s, not the latest one." % _s(onset)
+
+
+def no_learning(initial: float, run: Run) -> str:
+    h = "the loss has not moved from its initial level (%.4g). " % initial
+    for n in (2, 10, 100, 1000, 32000, 50257, 50304, 65536, 128256, 151936):
+        if abs(initial - math.log(n)) < 0.02 * math.log(n):
+            h += "It sits at ln(%d): nothing is learned. " % n
+            break
+    return h + ("Usual causes: parameters not in the optimizer, a detached loss, LR far too low, "
+                "the scheduler not stepped, labels shuffled.")
+
+
+def _s(step) -> str:
+    return str(int(step)) if isinstance(step, float) and step.is_integer() else str(step)

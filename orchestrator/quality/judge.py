@@ -1,0 +1,179 @@
+"""The verdict: run every rule, confirm trend STOPs, aggregate into STOP / CONTINUE / WAIT.
+
+Trend rules (divergence, plateau, eval regression, ...) STOP only when they also STOP on
+the run cut a few logs earlier: the "two consecutive checks" confirmation, made stateless so
+a one-shot ``gpurun check`` and the agent's periodic check agree. Non-finite loss and
+collapse stop at once. An unreadable source is WAIT, never STOP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional
+
+from orchestrator.quality import rules as R
+from orchestrator.quality import rules_aux as A
+from orchestrator.quality.series import Run, isfinite
+from orchestrator.quality.sources import Tracker
+
+VERSION = "1"
+MIN_POINTS = 13  # the smallest (m + W) the divergence rule can judge
+RULES: Dict[str, Callable] = {
+    "nonfinite_loss": R.nonfinite_loss, "collapse": R.collapse_and_grad, "divergence": R.divergence,
+    "spikes": R.spikes, "no_learning": R.no_learning, "eval": R.eval_regression,
+    "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
+}
+# finding code -> rule that produced it, for codes whose STOP needs confirmation
+TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning": "no_learning",
+         "eval_regression": "eval", "below_baseline": "eval", "grad_explosion": "grad_norm",
+         "grad_vanishing": "grad_norm", "negative_loss": "negative_loss"}
+EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
+
+
+def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] = None) -> dict:
+    """Judge ``run``. ``opts``: primary (name, "min"|"max"), baseline, lr_schedule,
+    loss_bounded_below, reviewer_command, reviewer_timeout_s."""
+    opts = opts or {}
+    findings: List[dict] = []
+    for fn in RULES.values():
+        findings.extend(fn(run, opts))
+    _confirm(run, opts, findings)
+    main = run.main_loss()
+    n_finite = 0
+    if main is not None:
+        n_finite = sum(1 for v in main.values[-MIN_POINTS:] if isfinite(v))
+    stops = [f for f in findings if f["severity"] == "stop"]
+    warns = [f for f in findings if f["severity"] == "warn"]
+    if stops:
+        verdict, reason = "STOP", _reason(stops[0])
+    elif problems and main is None:
+        verdict, reason = "WAIT", "metrics unreadable: " + "; ".join(problems)
+    elif main is None:
+        verdict, reason = "WAIT", "no loss series found yet"
+    elif n_finite < MIN_POINTS and len(main) < MIN_POINTS:
+        verdict, reason = "WAIT", "not enough data yet (%d loss points, need %d)" % (len(main), MIN_POINTS)
+    elif warns:
+        verdict, reason = "WAIT", _reason(warns[0])
+    else:
+        verdict, reason = "CONTINUE", "loss %s over the last logs; no anomaly" % _trend_word(findings)
+    out = {
+        "verdict": verdict, "reason": reason, "findings": findings,
+        "source": run.source, "last_step": _n(run.last_step), "points": len(main) if main is not None else 0,
+        "series": sorted(run.series), "resumed": run.resumed, "restarts": [_n(r) for r in run.restarts],
+        "unreadable": list(problems or []), "checker_version": VERSION,
+    }
+    if verdict == "WAIT" and warns and opts.get("reviewer_command"):
+        _review(out, run, opts, warns[0])
+    return out
+
+
+def _confirm(run: Run, opts: dict, findings: List[dict]) -> None:
+    todo = {TREND[f["code"]] for f in findings if f["severity"] == "stop" and f["code"] in TREND}
+    if not todo:
+        return
+    main = run.main_loss()
+    n = len(main) if main is not None else 0
+    k = max(2, R.windows(n)[0] // 2)
+    if n <= k:
+        earlier = Run()
+    else:
+        earlier = run.upto(main.steps[n - k - 1])  # type: ignore[union-attr]
+    confirmed = set()
+    for name in todo:
+        for f in RULES[name](earlier, opts):
+            if f["severity"] == "stop":
+                confirmed.add(f["code"])
+    for f in findings:
+        if f["severity"] == "stop" and f["code"] in TREND and f["code"] not in confirmed:
+            f["severity"] = "warn"
+            f["evidence"]["unconfirmed"] = True  # type: ignore[index]
+
+
+def _reason(f: dict) -> str:
+    ev = f.get("evidence") or {}
+    bits = ", ".join("%s=%s" % (k, v) for k, v in list(ev.items())[:3] if not isinstance(v, (dict, list)))
+    return "%s at step %s (%s)" % (f["code"], f["step"], bits)
+
+
+def _trend_word(findings: List[dict]) -> str:
+    return "flat or slightly up" if any(f["code"] == "slightly_worse" for f in findings) else "stable or improving"
+
+
+def _n(x):
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def review_payload(run: Run, verdict: dict, opts: dict, doubt: dict) -> dict:
+    """What the reviewer command reads on stdin."""
+    main = run.main_loss()
+    evals = {}
+    for name in sorted(run.series):
+        if name.startswith(("eval_", "val_")):
+            s = run.series[name]
+            evals[name] = [[_n(a), _j(b)] for a, b in zip(s.steps[-20:], s.values[-20:])]
+    return {"verdict_so_far": verdict["verdict"], "finding": doubt, "findings": verdict["findings"],
+            "recent_loss": [[_n(a), _j(b)] for a, b in zip(main.steps[-200:], main.values[-200:])] if main else [],
+            "evals": evals, "baseline": opts.get("baseline"),
+            "primary": list(opts["primary"]) if opts.get("primary") else None,
+            "source": run.source, "last_step": _n(run.last_step)}
+
+
+def _j(v: float):
+    return v if isfinite(v) else str(v)
+
+
+def _review(out: dict, run: Run, opts: dict, doubt: dict) -> None:
+    """Ask ``reviewer_command``; STOP/CONTINUE/WAIT on stdout wins, anything else is WAIT."""
+    cmd = opts["reviewer_command"]
+    timeout = float(opts.get("reviewer_timeout_s") or 60)
+    answer, note = "WAIT", ""
+    try:
+        p = subprocess.run(["/bin/sh", "-c", cmd], input=json.dumps(review_payload(run, out, opts, doubt)),
+                           capture_output=True, text=True, timeout=timeout)
+        words = (p.stdout or "").strip().split()
+        word = words[0].strip(".:!,").upper() if words else ""
+        if p.returncode == 0 and word in ("STOP", "CONTINUE", "WAIT"):
+            answer, note = word, " ".join(words[1:])[:200]
+        else:
+            note = "unusable reviewer answer (exit %d): %r" % (p.returncode, (p.stdout or "")[:80])
+    except subprocess.TimeoutExpired:
+        note = "reviewer timed out after %gs" % timeout
+    except OSError as exc:
+        note = "reviewer could not run: %s" % exc
+    out["findings"].append({"code": "reviewer", "severity": "info", "step": doubt.get("step"), "series": "",
+                            "evidence": {"answer": answer, "note": note, "in_doubt": doubt["code"]},
+                            "hint": "verdict given by quality.reviewer_command"})
+    out["reviewer"] = {"answer": answer, "note": note}
+    if answer != "WAIT":
+        out["verdict"] = answer
+        out["reason"] = "reviewer answered %s on %s%s" % (answer, doubt["code"], (": " + note) if note else "")
+
+
+def check(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,
+          user_regex: Optional[str] = None) -> dict:
+    """Read ``target`` (file, run dir, TB dir, wandb:ref) and judge it; unreadable -> WAIT."""
+    tr = Tracker.for_target(target, user_regex)
+    run = tr.update()
+    if upto_step is not None:
+        run = run.upto(upto_step)
+    out = judge(run, opts, tr.problems if not tr.readable() else None)
+    out["source"] = tr.active or target
+    out["format"] = getattr(tr.source, "kind", None)
+    return out
+
+
+def evidence(verdict: dict, run: Run, extra: Optional[dict] = None) -> dict:
+    """The immutable record saved on STOP: verdict, rule stats, last <= 500 points per series."""
+    names = {"loss", "val_loss", "eval_loss", "grad_norm", "lr"}
+    names.update(str(f.get("series")) for f in verdict["findings"] if f.get("series"))
+    pts = {}
+    for name in sorted(names):
+        s = run.series.get(name)
+        if s is not None and len(s):
+            pts[name] = [[_n(a), _j(b)] for a, b in zip(s.steps[-500:], s.values[-500:])]
+    ev = dict(verdict, points=pts, saved_at=time.time(), host=os.uname().nodename)
+    ev.update(extra or {})
+    return ev

@@ -1,0 +1,86 @@
+"""Options of a check: the primary metric, the baseline, and the ``quality`` config section.
+
+Bad values raise ``ValueError`` with a one-line message naming the option; callers turn it
+into their own error type (the CLI: BadInput, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Tuple
+
+from orchestrator.quality.series import SYNONYMS
+
+DEFAULTS = {"action": "alert", "reviewer_timeout_s": 60}
+
+
+def parse_primary(text: Optional[str]) -> Optional[Tuple[str, str]]:
+    """``"eval_wer:min"`` -> ("eval_wer", "min")."""
+    if not text:
+        return None
+    name, sep, mode = text.rpartition(":")
+    if not sep or not name or mode not in ("min", "max"):
+        raise ValueError("--primary %r: expected METRIC:min or METRIC:max (e.g. eval_wer:min)" % text)
+    return SYNONYMS.get(name.lower(), name), mode
+
+
+def normalize_baseline(obj) -> dict:
+    """{metric: number} or {metric: {step: value}} with float steps (JSON keys are strings)."""
+    if not isinstance(obj, dict):
+        raise ValueError("baseline must be a JSON object {metric: value} or {metric: {step: value}}")
+    out: dict = {}
+    for k, v in obj.items():
+        name = SYNONYMS.get(str(k).lower(), str(k))
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v)
+        elif isinstance(v, dict):
+            try:
+                out[name] = {float(s): float(x) for s, x in v.items()}
+            except (TypeError, ValueError):
+                raise ValueError("baseline[%r]: steps and values must be numbers" % k)
+        else:
+            raise ValueError("baseline[%r]: expected a number or {step: value}" % k)
+    return out
+
+
+def load_baseline(path: str) -> dict:
+    """A JSON baseline file, or any metrics file of a reference run (its eval/val series)."""
+    from orchestrator.quality.sources import Tracker
+    if not os.path.exists(path):
+        raise ValueError("baseline file %s: not found" % path)
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            head = f.read(4096)
+        if '"log_history"' not in head:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return normalize_baseline(json.load(f))
+            except json.JSONDecodeError as exc:
+                raise ValueError("baseline file %s: line %d: %s" % (path, exc.lineno, exc.msg))
+    tr = Tracker.for_target(path)
+    run = tr.update()
+    if tr.problems:
+        raise ValueError("baseline file %s: %s" % (path, "; ".join(tr.problems)))
+    out = {}
+    for name, s in run.series.items():
+        if name.startswith(("eval_", "val_")) or name in ("loss",):
+            out[name] = {a: b for a, b in zip(s.steps[-5000:], s.values[-5000:])}
+    if not out:
+        raise ValueError("baseline file %s: no eval/val series found" % path)
+    return out
+
+
+def opts_from_config(config: Optional[dict], job: Optional[dict] = None) -> dict:
+    """Check options from a host config's ``quality`` section (profile + queue overrides)."""
+    q = dict(DEFAULTS)
+    q.update(((config or {}).get("quality") or {}))
+    opts = {k: q.get(k) for k in ("reviewer_command", "reviewer_timeout_s", "lr_schedule",
+                                  "loss_bounded_below", "action")}
+    prim = q.get("primary") or (job or {}).get("primary")
+    if prim:
+        opts["primary"] = parse_primary(prim) if isinstance(prim, str) else tuple(prim)
+    if q.get("baseline"):
+        b = q["baseline"]
+        opts["baseline"] = load_baseline(b) if isinstance(b, str) else normalize_baseline(b)
+    return opts

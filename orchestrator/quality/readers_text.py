@@ -1,0 +1,357 @@
+"""Incremental readers for text metrics: JSONL, plain log lines, Lightning CSV, HF trainer_state.
+
+Each reader keeps a byte cursor (offset of the end of the last complete line, inode, a hash
+of the file head) and feeds new records into a ``Run``. A rotated or rewritten file, or a
+CSV whose header changed, asks the caller for a fresh run (``poll`` returns ``"reset"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
+
+# a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
+_NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|Infinity|infinity))"
+NUM_SPLIT = re.compile(_NUM).split
+EPOCH_ITER = re.compile(r"\[(\d+)\]\[(\d+)/(\d+)\]")
+TQDM_STEP = re.compile(r"\|\s*(\d+)/(\d+) \[")
+_IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
+_STRIP = " \t'\":=[]{}>#"
+_METRICISH = ("loss", "eval", "val", "acc", "wer", "bleu", "rouge", "ppl", "perplex", "f1", "reward")
+CHUNK = 8 << 20
+_NOKEY = ""  # cache marker for "this segment names nothing"
+
+
+def _key_of(seg: str) -> str:
+    """Turn the text before a number into a key: ', "train/loss": ' -> 'train/loss'."""
+    for sep in (",", "|", "{", ";", "\t"):
+        i = seg.rfind(sep)
+        if i >= 0:
+            seg = seg[i + 1:]
+    k = seg.strip(_STRIP).lower()
+    if not k:
+        return _NOKEY
+    if k in SYNONYMS or k in STEP_KEYS or k == "epoch":
+        return k
+    if " " in k:
+        k = k.rsplit(" ", 1)[1].strip(_STRIP)
+        if k in SYNONYMS or k in STEP_KEYS:
+            return k
+    return k if _IDENT.match(k) else _NOKEY
+
+
+class LineParser:
+    """Finds ``key <sep> number`` pairs in one line (``key: 1.5``, ``key=1``, ``key 2``, dicts).
+
+    ``strict`` (text logs) keeps a line only when it names a known metric; JSONL keeps all.
+    """
+
+    def __init__(self, strict: bool = True, user_regex: Optional[str] = None):
+        self.strict = strict
+        self.cache: Dict[str, Tuple[str, str]] = {}
+        self.user_re = re.compile(user_regex) if user_regex else None
+
+    def parse(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
+        if self.user_re is not None:
+            return self._parse_user(line)
+        if "%|" in line and "{" not in line:
+            return None  # tqdm progress bar
+        parts = NUM_SPLIT(line)
+        if len(parts) < 3:
+            return None
+        cache = self.cache
+        if len(cache) > 20000:
+            cache.clear()
+        step = None
+        step_rank = 0
+        epoch = None
+        planned = None
+        prev_key = ""
+        known = not self.strict
+        vals: List[Tuple[str, float]] = []
+        for i in range(1, len(parts), 2):
+            seg = parts[i - 1]
+            ent = cache.get(seg)
+            if ent is None:
+                raw = _key_of(seg)
+                ent = cache[seg] = (raw, SYNONYMS.get(raw, raw))
+            raw, name = ent
+            if not raw:
+                if prev_key and seg.strip() == "/" and planned is None:
+                    planned = float(parts[i])
+                prev_key = ""
+                continue
+            prev_key = ""
+            tok = parts[i]
+            if raw in STEP_KEYS:
+                rank = STEP_KEYS[raw]
+                if step is None or (rank > step_rank and step_rank < 3):
+                    step, step_rank = float(tok), rank
+                    prev_key = raw
+                continue
+            if raw == "epoch":
+                if "." not in tok:
+                    epoch = float(tok)
+                continue
+            if not known and (name in _KNOWN or any(m in name for m in _METRICISH)):
+                known = True
+            vals.append((name, float(tok)))
+        if not vals or not known:
+            return None
+        if step is None and "][" in line:
+            m = EPOCH_ITER.search(line)
+            if m:
+                e, it, n = int(m.group(1)), int(m.group(2)), int(m.group(3))
+                step = float(max(0, e - 1) * n + it)
+        if step is None:
+            step = epoch
+        return step, vals, planned
+
+    def _parse_user(self, line: str):
+        m = self.user_re.search(line)  # type: ignore[union-attr]
+        if not m:
+            return None
+        step = None
+        vals = []
+        for k, v in m.groupdict().items():
+            if v is None:
+                continue
+            try:
+                f = float(v)
+            except ValueError:
+                continue
+            if k in STEP_KEYS or k == "epoch":
+                step = f
+            else:
+                vals.append((SYNONYMS.get(k, k), f))
+        return (step, vals, None) if vals else None
+
+
+_KNOWN = set(SYNONYMS.values())
+
+
+class FileCursor:
+    """Where we stopped in an append-only file, and how to notice it was replaced."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+        self.ino: Optional[int] = None
+        self.head = ""
+
+    def _head_hash(self, f) -> str:
+        f.seek(0)
+        return hashlib.sha1(f.read(4096)).hexdigest()
+
+    def check(self, f) -> bool:
+        """True when the file is the one we were reading (else the caller restarts at 0)."""
+        st = os.fstat(f.fileno())
+        if self.ino is None:
+            self.ino = st.st_ino
+        if st.st_ino != self.ino or st.st_size < self.offset:
+            return False
+        return not self.head or self._head_hash(f) == self.head
+
+    def seal(self, f) -> None:
+        """Remember the file head once it is complete, to notice a rewrite later."""
+        if not self.head and self.offset >= 4096:
+            self.head = self._head_hash(f)
+
+    def state(self) -> dict:
+        return {"offset": self.offset, "ino": self.ino, "head": self.head}
+
+    def restore(self, st: dict) -> None:
+        self.offset, self.ino, self.head = int(st.get("offset", 0)), st.get("ino"), st.get("head", "")
+
+
+class LineSource:
+    """JSONL or plain text log read line by line from a byte cursor."""
+
+    kind = "text"
+
+    def __init__(self, path: str, kind: str = "text", user_regex: Optional[str] = None):
+        self.path = path
+        self.kind = kind
+        self.cursor = FileCursor(path)
+        self.parser = LineParser(strict=(kind == "text"), user_regex=user_regex)
+        self.bar_step: Optional[float] = None
+        self.fast = None
+
+    def poll(self, run: Run) -> str:
+        """Read what was appended since the last poll into ``run``; ``"reset"`` if replaced."""
+        with open(self.path, "rb") as f:
+            if not self.cursor.check(f):
+                self.cursor = FileCursor(self.path)
+                return "reset"
+            f.seek(self.cursor.offset)
+            while True:
+                chunk = f.read(CHUNK)
+                if not chunk:
+                    break
+                end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+                if end < 0:
+                    if len(chunk) < CHUNK:
+                        break  # an unfinished last line: wait for its end
+                    end = len(chunk) - 1
+                self._feed(chunk[:end + 1].decode("utf-8", "replace"), run)
+                self.cursor.offset += end + 1
+                f.seek(self.cursor.offset)
+            self.cursor.seal(f)
+        return "ok"
+
+    def _feed(self, text: str, run: Run) -> None:
+        if self.fast is None:
+            from orchestrator.quality.fastpath import FastPath
+            self.fast = FastPath(self.parser)
+        pre = run.last_step
+        marks = run.marks()
+        rest = self.fast.take(text, run, marks)
+        if rest is text:
+            self._slow(text, run)
+            return
+        # the other lines were interleaved with the fast ones: a lower step among them is
+        # ordering, not a restart (a restart inside a chunk makes the fast path decline)
+        post, run.last_step, run.merging = run.last_step, pre, True
+        try:
+            self._slow(rest, run)
+        finally:
+            run.merging = False
+            run.last_step = post if run.last_step is None else max(post, run.last_step)  # type: ignore[type-var]
+            run.settle(marks)
+
+    def _slow(self, text: str, run: Run) -> None:
+        parse = self.parser.parse
+        add = run.add_record
+        for line in text.splitlines():
+            if not line:
+                continue
+            if "%|" in line and "{" not in line:
+                # a tqdm bar knows the step that HF dict lines leave out
+                m = TQDM_STEP.search(line)
+                if m:
+                    self.bar_step = float(m.group(1))
+                    if not run.planned_steps:
+                        run.planned_steps = float(m.group(2))
+                continue
+            rec = parse(line)
+            if rec is None:
+                continue
+            step, vals, planned = rec
+            if step is None:
+                last = run.last_step
+                if self.bar_step is not None:  # a bar that went backwards is a restart
+                    step, self.bar_step = self.bar_step, None
+                else:
+                    step = (last + 1) if last is not None else 0.0
+            if planned and not run.planned_steps:
+                run.planned_steps = planned
+            add(step, vals)
+
+
+class CsvSource:
+    """Lightning ``CSVLogger`` metrics.csv: sparse rows, header rewritten when a key appears."""
+
+    kind = "csv"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.cursor = FileCursor(path)
+        self.header: List[str] = []
+        self.header_line = b""
+
+    def poll(self, run: Run) -> str:
+        with open(self.path, "rb") as f:
+            first = f.readline()
+            if (self.header_line and first != self.header_line) or not self.cursor.check(f):
+                self.cursor, self.header, self.header_line = FileCursor(self.path), [], b""
+                return "reset"
+            if not first.endswith(b"\n"):
+                return "ok"
+            if not self.header_line:
+                self.header_line = first
+                self.header = [h.strip().lower() for h in first.decode("utf-8", "replace").split(",")]
+                self.cursor.offset = len(first)
+            f.seek(self.cursor.offset)
+            data = f.read()
+        end = data.rfind(b"\n")
+        if end < 0:
+            return "ok"
+        self.cursor.offset += end + 1
+        names = [SYNONYMS.get(h, h) for h in self.header]
+        step_i = self.header.index("step") if "step" in self.header else -1
+        epoch_i = self.header.index("epoch") if "epoch" in self.header else -1
+        skip = {step_i, epoch_i}
+        for line in data[:end].decode("utf-8", "replace").split("\n"):
+            cells = line.rstrip("\r").split(",")
+            if len(cells) != len(names):
+                if '"' not in line:
+                    continue
+                import csv
+                cells = next(csv.reader([line]))
+                if len(cells) != len(names):
+                    continue
+            vals = []
+            for i, c in enumerate(cells):
+                if c and i not in skip:
+                    try:
+                        vals.append((names[i], float(c)))
+                    except ValueError:
+                        pass
+            if not vals:
+                continue
+            if step_i >= 0 and cells[step_i]:
+                step = float(cells[step_i])
+            else:
+                step = (run.last_step + 1) if run.last_step is not None else 0.0
+            run.add_record(step, vals)
+        return "ok"
+
+    def state(self) -> dict:
+        return dict(self.cursor.state(), header=self.header_line.decode("utf-8", "replace"))
+
+
+_TS_SKIP = {"step", "epoch", "total_flos", "train_runtime", "remaining_time", "num_input_tokens_seen",
+            "train_loss", "train_samples_per_second", "train_steps_per_second"}
+
+
+class TrainerStateSource:
+    """HF ``trainer_state.json``: rewritten whole at each save, so re-read on change."""
+
+    kind = "trainer_state"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sig: Optional[Tuple[float, int]] = None
+
+    def poll(self, run: Run) -> str:
+        st = os.stat(self.path)
+        sig = (st.st_mtime, st.st_size)
+        if sig == self.sig:
+            return "ok"
+        if self.sig is not None and run.records:
+            self.sig = None
+            return "reset"
+        with open(self.path, "r", encoding="utf-8") as f:
+            doc = json.load(f)  # stdlib json accepts the NaN/Infinity tokens HF writes
+        if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
+            raise ValueError("%s: no 'log_history' list (not a trainer_state.json)" % self.path)
+        self.sig = sig
+        if doc.get("max_steps"):
+            run.planned_steps = float(doc["max_steps"])
+        for i, ent in enumerate(doc["log_history"]):
+            if not isinstance(ent, dict):
+                continue
+            vals = [(SYNONYMS.get(k, k), float(v)) for k, v in ent.items()
+                    if k not in _TS_SKIP and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if vals:
+                step = ent.get("step")
+                run.add_record(float(step) if isinstance(step, (int, float)) else float(i), vals)
+        return "ok"
+
+    def state(self) -> dict:
+        return {"sig": list(self.sig) if self.sig else None}

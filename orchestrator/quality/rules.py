@@ -1,0 +1,254 @@
+"""The rules: each looks at a ``Run`` and returns findings {code, severity, step, evidence, hint}.
+
+Severity is ``info`` (report only), ``warn`` (ambiguous: verdict WAIT, shorten the interval)
+or ``stop``. Thresholds come from shared research on real healthy runs (see
+docs/BENCHMARKS_quality.md): never stop on one point, judge persistence in log space.
+Every rule reads bounded tail windows, so a check costs the same on a 1M-point run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.quality import hints as H
+from orchestrator.quality.series import Run, Series, isfinite, median
+
+Finding = Dict[str, object]
+DIV_WARN, DIV_STOP = 1.15, 1.5
+NO_LEARNING_SPAN = 3000  # steps after which an unmoved loss is "no learning"
+
+
+def finding(code: str, severity: str, step, evidence: dict, hint: str, series: str = "") -> Finding:
+    return {"code": code, "severity": severity, "step": None if step is None else _num(step),
+            "series": series, "evidence": evidence, "hint": hint}
+
+
+def _num(x):
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def _r(x: float) -> float:
+    return float("%.6g" % x) if isfinite(x) else str(x)  # type: ignore[return-value]
+
+
+def windows(n: int) -> Tuple[int, int]:
+    """(m, W): recent window and reference window, scaled down for short logs."""
+    return min(20, max(3, n // 20)), min(200, max(10, n // 5))
+
+
+def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
+    out = []
+    for name in ("loss", "val_loss", "eval_loss"):
+        s = run.get(name)
+        if s is None:
+            continue
+        last = list(s.values[-5:])
+        bad = [not isfinite(v) for v in last]
+        streak = 0
+        for b in reversed(bad):
+            if not b:
+                break
+            streak += 1
+        if streak >= 2 or (sum(bad) >= 2 and len(bad) >= 3):
+            k = len(s) - (streak if streak >= 2 else len(last) - bad.index(True))
+            vals = s.values
+            while streak >= 2 and k > 0 and len(s) - k < 100000 and not isfinite(vals[k - 1]):
+                k -= 1  # the onset is where the trailing run of NaN/Inf began
+            step = s.steps[k]
+            out.append(finding("nonfinite_loss", "stop", step,
+                               {"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
+                                "last_finite": _last_finite(s)},
+                               H.nonfinite(step, run.get("loss_scale") is not None), name))
+        elif streak == 1:
+            out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
+                               "one non-finite %s: re-check soon; two in a row will stop the run" % name, name))
+    return out
+
+
+def _last_finite(s: Series):
+    st, vs = s.finite_tail(1)
+    return {"step": _num(st[0]), "value": _r(vs[0])} if vs else None
+
+
+def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
+    out = []
+    loss, grad = run.get("loss"), run.get("grad_norm")
+    if loss is not None:
+        zeros = 0
+        for v in reversed(loss.values[-50:]):
+            if v != 0.0:
+                break
+            zeros += 1
+        if zeros:
+            first = loss.steps[len(loss) - zeros]
+            gbad = grad is not None and all(not isfinite(v) or v == 0.0 for v in grad.values[-zeros:])
+            sev = "stop" if zeros >= 3 and gbad else "warn" if zeros >= 2 else "info"
+            out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad},
+                               H.COLLAPSE, "loss"))
+    if grad is not None:
+        tail = grad.values[-50:]
+        bad = [not isfinite(v) for v in tail]
+        streak = 0
+        for b in reversed(bad):
+            if not b:
+                break
+            streak += 1
+        nbad = sum(bad)
+        if streak >= 5 or (nbad >= 10 and nbad > 0.2 * len(tail)):
+            out.append(finding("nonfinite_grad", "stop", grad.steps[len(grad) - max(streak, 1)],
+                               {"consecutive": streak, "nonfinite_of_last": nbad, "window": len(tail)},
+                               H.GRAD_NAN_PERSIST, "grad_norm"))
+        elif nbad:
+            out.append(finding("nonfinite_grad", "info", grad.steps[len(grad) - 1 - bad[::-1].index(True)],
+                               {"nonfinite_of_last": nbad, "window": len(tail)}, H.GRAD_NAN_BENIGN, "grad_norm"))
+    return out
+
+
+def _log_tail(s: Series, n: int) -> Tuple[List[float], List[float]]:
+    st, vs = s.finite_tail(n)
+    if not vs or min(vs) <= 0:
+        return [], []
+    return st, [math.log(v) for v in vs]
+
+
+def divergence(run: Run, opts: dict) -> List[Finding]:
+    s = run.main_loss()
+    if s is None:
+        return []
+    m, W = windows(len(s))
+    st, u = _log_tail(s, m + W)
+    if len(u) < m + W:
+        return []
+    recent, ref = u[-m:], u[:-m]
+    R = math.exp(median(recent) - median(ref))
+    ev = {"series": s.name, "ratio": _r(R), "recent_median": _r(math.exp(median(recent))),
+          "reference_median": _r(math.exp(median(ref))), "m": m, "W": W,
+          "thresholds": {"warn": DIV_WARN, "stop": DIV_STOP}}
+    onset = st[-m]
+    if R > DIV_STOP:
+        return [finding("divergence", "stop", onset, ev, H.divergence(run, onset), s.name)]
+    if R > DIV_WARN:
+        return [finding("divergence", "warn", onset, ev, H.DIVERGE_WARN, s.name)]
+    if R > 1.05:
+        return [finding("slightly_worse", "info", onset, ev, "the loss is slightly up over the last %d logs" % m, s.name)]
+    return []
+
+
+def spikes(run: Run, opts: dict) -> List[Finding]:
+    s = run.main_loss()
+    if s is None:
+        return []
+    st, u = _log_tail(s, 160)
+    if len(u) < 12:
+        return []
+    out = []
+    # an unrecovered spike: a jump >= 3x whose aftermath stays >= 1.5x the level before it
+    look = min(60, len(u) - 6)
+    for j in range(len(u) - look, len(u) - 4):
+        before = u[max(0, j - 20):j]
+        if len(before) < 6:
+            continue
+        base = median(before)
+        if u[j] - base > math.log(3.0):
+            after = u[j:]
+            if median(after) - base > math.log(DIV_STOP) and len(after) >= 5:
+                out.append(finding("spike_unrecovered", "stop", st[j],
+                                   {"series": s.name, "before_median": _r(math.exp(base)),
+                                    "after_median": _r(math.exp(median(after))), "after_logs": len(after)},
+                                   H.divergence(run, st[j]), s.name))
+            break
+    ref = u[-103:-3]
+    if len(ref) >= 10:
+        med = median(ref)
+        mad = median([abs(x - med) for x in ref]) or 1e-12
+        for k in range(len(u) - 3, len(u)):
+            z = 0.6745 * (u[k] - med) / mad
+            if z > 6 or u[k] - med > math.log(10):
+                out.append(finding("spike", "warn", st[k], {"series": s.name, "robust_z": _r(z),
+                                                             "ratio_to_median": _r(math.exp(u[k] - med))},
+                                   H.SPIKE, s.name))
+                break
+    return out
+
+
+def no_learning(run: Run, opts: dict) -> List[Finding]:
+    s = run.get("loss") or run.main_loss()
+    if s is None or run.resumed or len(s) < 30:
+        return []
+    span = s.steps[-1] - s.steps[0]
+    need = NO_LEARNING_SPAN if not run.planned_steps else min(NO_LEARNING_SPAN, 0.1 * run.planned_steps)
+    if span < need:
+        return []
+    n = len(s)
+    head = [v for v in s.values[:max(3, min(50, n // 20))] if isfinite(v)]
+    _, tail = s.finite_tail(max(10, min(200, n // 5)))
+    if not head or not tail:
+        return []
+    h, t = median(head), median(tail)
+    if h > 0 and abs(t / h - 1) < 0.02:
+        return [finding("no_learning", "stop", s.steps[-1],
+                        {"series": s.name, "initial_median": _r(h), "recent_median": _r(t), "span_steps": _num(span)},
+                        H.no_learning(h, run), s.name)]
+    if len(tail) >= 100 and h > 0 and (max(tail) - min(tail)) < 1e-3 * abs(t):
+        return [finding("frozen", "warn", s.steps[-1], {"series": s.name, "relative_range": _r((max(tail) - min(tail)) / abs(t))},
+                        H.FROZEN, s.name)]
+    return []
+
+
+def eval_regression(run: Run, opts: dict) -> List[Finding]:
+    primary = opts.get("primary")
+    if primary:
+        name, mode = primary
+        s = run.get(name) or run.get("eval_" + name)
+        secondary = False
+    else:
+        s = run.get("eval_loss") or run.get("val_loss")
+        mode, secondary = "min", True
+    if s is None or len(s) < 3:
+        return []
+    vals = [v for v in s.values if isfinite(v)]
+    out = []
+    sign = 1.0 if mode == "min" else -1.0
+
+    def worse(v: float, ref: float, rel: float) -> bool:
+        return sign * (v - ref) > rel * abs(ref)
+    if len(vals) >= 4:
+        best = min(vals[:-3], key=lambda x: sign * x)
+        k = 0
+        for v in reversed(vals):
+            if not worse(v, best, 0.05):
+                break
+            k += 1
+        if k >= 2:
+            sev = "stop" if k >= 3 and not secondary else "warn"
+            out.append(finding("eval_regression", sev, s.steps[len(s) - k],
+                               {"metric": s.name, "mode": mode, "best": _r(best), "latest": _r(vals[-1]),
+                                "worse_evals": k, "primary": not secondary},
+                               H.EVAL_SECONDARY if secondary else H.EVAL_PRIMARY, s.name))
+    base = opts.get("baseline") or {}
+    bval = base.get(s.name) if isinstance(base, dict) else None
+    if isinstance(bval, dict):  # {step: value} of a reference run: compare at matching steps
+        far = 0
+        for st, v in zip(reversed(s.steps), reversed(s.values)):
+            ref = _at(bval, st)
+            if ref is None or not worse(v, ref, 0.10):
+                break
+            far += 1
+        if far >= 2:
+            out.append(finding("below_baseline", "stop" if far >= 3 else "warn", s.steps[len(s) - far],
+                               {"metric": s.name, "mode": mode, "latest": _r(s.values[-1]), "baseline_evals_worse": far},
+                               H.BASELINE, s.name))
+    elif isinstance(bval, (int, float)) and worse(vals[-1], float(bval), 0.10):
+        out.append(finding("below_baseline", "warn", s.steps[-1],
+                           {"metric": s.name, "mode": mode, "latest": _r(vals[-1]), "baseline": _r(float(bval))},
+                           H.BASELINE, s.name))
+    return out
+
+
+def _at(table: Dict[float, float], step: float) -> Optional[float]:
+    best = None
+    for k in table:
+        if k <= step and (best is None or k > best):
+            best = k
+    return table[best] if best is not None and step - best <= max(1.0, 0.05 * step) else None

@@ -1,0 +1,122 @@
+"""Rules on the auxiliary series: learning rate, grad norm, throughput, loss sign.
+
+Same contract as ``rules.py``. Throughput is an infrastructure signal, never a quality STOP.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from orchestrator.quality import hints as H
+from orchestrator.quality.rules import Finding, _r, finding
+from orchestrator.quality.series import Run, Series, isfinite, median
+
+
+def lr_schedule(run: Run, opts: dict) -> List[Finding]:
+    s = run.get("lr")
+    if s is None:
+        return []
+    out = []
+    tail = s.values[-5:]
+    bad = [v for v in tail if not isfinite(v) or v < 0]
+    if len(bad) >= 2:
+        out.append(finding("lr_invalid", "stop", s.steps[-1], {"last_values": [_r(v) for v in tail]},
+                           H.LR_INVALID, "lr"))
+    elif bad:
+        out.append(finding("lr_invalid", "warn", s.steps[-1], {"last_values": [_r(v) for v in tail]},
+                           H.LR_INVALID, "lr"))
+    declared = (opts.get("lr_schedule") or "").lower()
+    if declared and declared not in ("constant", "none", "fixed") and len(s) >= 20:
+        vals = [v for v in s.values[-200:] if isfinite(v)]
+        if vals and max(vals) - min(vals) <= 1e-9 * max(abs(max(vals)), 1e-30):
+            out.append(finding("lr_flat", "warn", s.steps[-1],
+                               {"declared": declared, "value": _r(vals[-1]), "logs": len(vals)}, H.LR_FLAT, "lr"))
+    return out
+
+
+def grad_norm(run: Run, opts: dict) -> List[Finding]:
+    s = run.get("grad_norm")
+    if s is None or len(s) < 60:
+        return []
+    n = len(s)
+    lo, hi = max(20, n // 10), max(40, (3 * n) // 10)
+    base_vals = [v for v in s.values[lo:min(hi, lo + 500)] if isfinite(v)]
+    st, tail = s.finite_tail(20)
+    if len(base_vals) < 10 or len(tail) < 20:
+        return []
+    base, recent = median(base_vals), median(tail)
+    _, prev = s.finite_tail(100)
+    prev_med = median(prev[:-20]) if len(prev) > 40 else base
+    ev = {"baseline_median": _r(base), "recent_median": _r(recent), "previous_median": _r(prev_med)}
+    if base > 0 and recent > 10 * base:
+        sev = "stop" if recent > 2 * prev_med else "warn"
+        return [finding("grad_explosion", sev, st[0], ev, H.GRAD_EXPLODE, "grad_norm")]
+    if base > 0 and (all(v == 0.0 for v in tail) or recent < 1e-3 * base):
+        loss = run.get("loss")
+        flat = False
+        if loss is not None:
+            _, lt = loss.finite_tail(20)
+            flat = bool(lt) and (max(lt) - min(lt)) <= 0.01 * abs(median(lt) or 1.0)
+        return [finding("grad_vanishing", "stop" if flat else "warn", st[0], dict(ev, loss_flat=flat),
+                        H.GRAD_VANISH, "grad_norm")]
+    return []
+
+
+def _speed(run: Run) -> Tuple[Optional[Series], bool, str]:
+    """(series, higher_is_better, label); per-step time is derived from cumulative train time."""
+    for name in ("throughput", "iters_per_s"):
+        s = run.get(name)
+        if s is not None:
+            return s, True, name
+    s = run.get("step_time")
+    if s is not None:
+        return s, False, "step_time"
+    tt = run.get("train_time")
+    if tt is not None and len(tt) > 2:
+        d = Series("step_time")
+        steps, vals = tt.steps[-1100:], tt.values[-1100:]
+        for i in range(1, len(vals)):
+            ds = steps[i] - steps[i - 1]
+            if ds > 0 and isfinite(vals[i]) and isfinite(vals[i - 1]) and vals[i] >= vals[i - 1]:
+                d.add(steps[i], (vals[i] - vals[i - 1]) / ds)
+        return d, False, "step_time (from train_time)"
+    return None, True, ""
+
+
+def throughput(run: Run, opts: dict) -> List[Finding]:
+    s, higher, label = _speed(run)
+    if s is None or len(s) < 60:
+        return []
+    st, recent = s.finite_tail(30)
+    _, hist = s.finite_tail(1030)
+    ref = hist[:-30]
+    if len(ref) < 30 or len(recent) < 30:
+        return []
+    r, b = median(recent), median(ref)
+    if r <= 0 or b <= 0:
+        return []
+    rate = r / b if higher else b / r
+    if rate < 0.7:
+        return [finding("throughput_drop", "warn", st[0],
+                        {"series": label, "recent_median": _r(r), "run_median": _r(b), "relative_speed": _r(rate)},
+                        H.THROUGHPUT, label)]
+    return []
+
+
+def negative_loss(run: Run, opts: dict) -> List[Finding]:
+    if opts.get("loss_bounded_below") is False:
+        return []
+    s = run.get("loss")
+    if s is None or len(s) < 5:
+        return []
+    first = next((v for v in s.values[:20] if isfinite(v)), None)
+    tail = s.values[-3:]
+    if first is not None and first > 0 and all(isfinite(v) and v < 0 for v in tail):
+        k = len(s) - 1
+        while k > 0 and isfinite(s.values[k - 1]) and s.values[k - 1] < 0:
+            k -= 1
+        return [finding("negative_loss", "stop", s.steps[k], {"last_values": [_r(v) for v in tail],
+                                                               "negative_logs": len(s) - k},
+                        H.NEGATIVE, "loss")]
+    return []
+

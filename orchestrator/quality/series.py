@@ -1,0 +1,229 @@
+"""The step-keyed series model: one ``Run`` holds every metric as (step, value) arrays.
+
+Robust to restarts (a record whose step goes backwards starts a new timeline: the abandoned
+points at or after that step are dropped, as TensorBoard and W&B do) and to NaN/Inf tokens
+(kept as float nan/inf so rules can see them). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left
+from typing import Dict, Iterable, List, Optional, Tuple
+
+# canonical series name <- raw key (lowercase, stripped). Unknown keys keep their raw name.
+SYNONYMS: Dict[str, str] = {}
+for _canon, _keys in {
+    "loss": ("loss", "train_loss", "train loss", "trl", "lm loss", "lm_loss", "train/loss",
+             "train_loss_step", "mean_loss", "losses", "loss_step", "training_loss", "train/lm_loss"),
+    "val_loss": ("val_loss", "val loss", "tel", "valid_loss", "validation_loss", "val/loss",
+                 "validation loss", "valid loss", "eval/loss", "test_loss"),
+    "eval_loss": ("eval_loss",),
+    "lr": ("lr", "learning_rate", "learning rate", "train/learning_rate", "lr-adamw", "lr-adam",
+           "train/lr"),
+    "grad_norm": ("grad_norm", "grad norm", "norm", "gnorm", "grad_norm_total", "train/grad_norm",
+                  "gradient_norm"),
+    "loss_scale": ("loss scale", "loss_scale", "train/loss_scale"),
+    "throughput": ("tokens/sec", "tokens_per_s", "tokens_per_sec", "tok/s", "wps", "samples/sec",
+                   "samples per second", "samples_per_second", "train_samples_per_second",
+                   "throughput", "tokens per second", "ups"),
+    "iters_per_s": ("it/sec", "it/s", "iters_per_s", "steps_per_second", "train_steps_per_second"),
+    "step_time": ("time", "iter time", "step_time", "elapsed time per iteration (ms)",
+                  "iter_time", "dt", "time_ms", "batch_time"),
+    "train_time": ("train_time",),
+}.items():
+    for _k in _keys:
+        SYNONYMS[_k] = _canon
+
+STEP_KEYS = {"step": 3, "iter": 4, "iteration": 5, "s": 3, "global_step": 6, "_step": 6,
+             "it": 2, "num_updates": 6, "steps": 2, "trainer/global_step": 6}
+MAX_SERIES = 96  # bound memory when a log carries many junk keys
+LOSS_NAMES = ("loss", "val_loss", "eval_loss")
+
+
+def canon(key: str) -> str:
+    return SYNONYMS.get(key, key)
+
+
+class Series:
+    """Parallel arrays of steps and values, steps non-decreasing within the current timeline."""
+
+    __slots__ = ("name", "steps", "values", "dropped")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.steps = array("d")
+        self.values = array("d")
+        self.dropped = 0  # points discarded by rewinds
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, step: float, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+
+    def truncate_from(self, step: float) -> None:
+        i = bisect_left(self.steps, step)
+        if i < len(self.steps):
+            self.dropped += len(self.steps) - i
+            del self.steps[i:]
+            del self.values[i:]
+
+    def upto(self, step: float) -> "Series":
+        out = Series(self.name)
+        i = bisect_left(self.steps, step + 1e-9)
+        out.steps = self.steps[:i]
+        out.values = self.values[:i]
+        return out
+
+    def tail(self, n: int) -> List[float]:
+        return list(self.values[-n:]) if n > 0 else []
+
+    def finite_tail(self, n: int) -> Tuple[List[float], List[float]]:
+        """Last ``n`` finite (step, value) pairs, scanning back at most 4n points."""
+        st, vs = [], []
+        vals, steps = self.values, self.steps
+        i = len(vals) - 1
+        stop = max(-1, i - 4 * n)
+        while i > stop and len(vs) < n:
+            v = vals[i]
+            if v == v and v not in (math.inf, -math.inf):
+                vs.append(v)
+                st.append(steps[i])
+            i -= 1
+        st.reverse()
+        vs.reverse()
+        return st, vs
+
+    def last_step(self) -> Optional[float]:
+        return self.steps[-1] if self.steps else None
+
+
+class Run:
+    """Every series of one training run plus what we learned about its timeline."""
+
+    def __init__(self, source: str = ""):
+        self.source = source
+        self.series: Dict[str, Series] = {}
+        self.last_step: Optional[float] = None
+        self.first_step: Optional[float] = None
+        self.restarts: List[float] = []  # steps at which a new timeline began
+        self.planned_steps: Optional[float] = None
+        self.records = 0
+        self.meta: Dict[str, object] = {}
+        self.merging = False  # while True, a lower step is interleaved data, not a restart
+        self.unsorted = False
+
+    def marks(self) -> Dict[str, int]:
+        return {k: len(s) for k, s in self.series.items()}
+
+    def settle(self, marks: Dict[str, int]) -> None:
+        """Restore step order of the points added since ``marks`` (lines merged out of order)."""
+        if self.unsorted:
+            for name, s in self.series.items():
+                m = marks.get(name, 0)
+                st = s.steps
+                if any(st[i] > st[i + 1] for i in range(max(0, m - 1), len(st) - 1)):
+                    pairs = sorted(zip(st[m:], s.values[m:]), key=lambda p: p[0])
+                    del st[m:]
+                    del s.values[m:]
+                    st.extend(p[0] for p in pairs)
+                    s.values.extend(p[1] for p in pairs)
+            self.unsorted = False
+
+    def add_record(self, step: float, values: Iterable[Tuple[str, float]]) -> None:
+        """Add one logged record. ``values`` are (canonical name, float) pairs."""
+        last = self.last_step
+        if last is not None and step < last:
+            if self.merging:
+                self.unsorted = True
+            else:
+                self.rewind(step)
+        elif last is None:
+            self.first_step = step
+        self.last_step = step
+        series = self.series
+        for name, v in values:
+            s = series.get(name)
+            if s is None:
+                if len(series) >= MAX_SERIES:
+                    continue
+                s = series[name] = Series(name)
+            s.steps.append(step)
+            s.values.append(v)
+        self.records += 1
+
+    def add_point(self, step: float, name: str, v: float) -> None:
+        """``add_record`` for one value (TensorBoard events carry one scalar each)."""
+        last = self.last_step
+        if last is None:
+            self.first_step = step
+        elif step < last:
+            self.rewind(step)
+        self.last_step = step
+        s = self.series.get(name)
+        if s is None:
+            if len(self.series) >= MAX_SERIES:
+                return
+            s = self.series[name] = Series(name)
+        s.steps.append(step)
+        s.values.append(v)
+        self.records += 1
+
+    def rewind(self, step: float) -> None:
+        """A restart from an earlier checkpoint: keep only the timeline before ``step``."""
+        for s in self.series.values():
+            s.truncate_from(step)
+        self.restarts.append(step)
+
+    def get(self, name: str) -> Optional[Series]:
+        s = self.series.get(name)
+        return s if s is not None and len(s) else None
+
+    def main_loss(self) -> Optional[Series]:
+        """The curve the trend rules judge: train loss, else the validation loss."""
+        for name in LOSS_NAMES:
+            s = self.get(name)
+            if s is not None and len(s) >= 1:
+                return s
+        return None
+
+    @property
+    def resumed(self) -> bool:
+        """True for a run that did not start fresh: rewound, or first logged well past 0."""
+        if self.restarts or self.meta.get("resumed"):
+            return True
+        first = self.first_step
+        return first is not None and first > 1000
+
+    def upto(self, step: float) -> "Run":
+        """A copy holding only the points at or before ``step`` (the resume gate's view)."""
+        out = Run(self.source)
+        out.series = {k: s.upto(step) for k, s in self.series.items()}
+        out.first_step, out.last_step = self.first_step, min(step, self.last_step or step)
+        out.restarts = [r for r in self.restarts if r <= step]
+        out.planned_steps, out.meta = self.planned_steps, dict(self.meta)
+        return out
+
+    def prefix(self, n_records_frac: float) -> "Run":
+        """A copy cut at a fraction of the main loss points (used to confirm trend rules)."""
+        main = self.main_loss()
+        if main is None or not len(main):
+            return self
+        idx = max(0, min(len(main) - 1, int(len(main) * n_records_frac) - 1))
+        return self.upto(main.steps[idx])
+
+
+def isfinite(v: float) -> bool:
+    return v == v and v != math.inf and v != -math.inf
+
+
+def median(xs: List[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if not n:
+        return math.nan
+    m = n // 2
+    return s[m] if n % 2 else 0.5 * (s[m - 1] + s[m])

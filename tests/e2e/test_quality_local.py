@@ -1,0 +1,73 @@
+"""End to end on ``local``: the example trainer's diverging run is caught by the periodic
+check; killed and retried, the resume gate refuses it with evidence; healthy runs are untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rigs.agents import gpurun, kill_agents_under, status_json, wait_terminal
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("numpy")
+
+
+@pytest.fixture
+def home(isolated_home):
+    yield isolated_home
+    kill_agents_under(isolated_home)
+
+
+def _events(job: str) -> list:
+    from orchestrator.core.session import open_session
+    with open_session() as s:
+        return s.call("events", {"job": job})["events"]
+
+
+def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
+    prof = home / ".config/gpurun/profiles"
+    prof.mkdir(parents=True)
+    (prof / "local.yaml").write_text("quality:\n  action: alert\n  intervals_s: [2, 2, 3, 4]\n")
+    py = sys.executable
+    toy = ROOT / "examples/train_toy.py"
+    q = tmp_path / "q.txt"
+    q.write_text(
+        f"[name=healthy] {py} {toy} --lr 0.05 --steps 300 --step-time 0.01\n"
+        f"[name=diverge] {py} {toy} --lr 3.0 --steps 5000 --step-time 0.01 --ckpt-every 20\n")
+    assert gpurun("queue", "submit", str(q), "--slots", "2").returncode == 0
+    deadline = time.time() + 45
+    caught = []
+    while time.time() < deadline and not caught:
+        time.sleep(1)
+        caught = [e for e in _events("diverge") if e["kind"] == "quality" and e["severity"] == "error"]
+    assert caught, "the periodic check must flag the diverging run while it runs"
+    assert "STOP" in json.dumps(caught[0]) or "nonfinite" in json.dumps(caught[0])
+
+    assert gpurun("queue", "cancel", "diverge").returncode == 0
+    st = wait_terminal(timeout=60)
+    jobs = {j["name"]: j for j in st["jobs"]}
+    assert jobs["healthy"]["state"] == "succeeded"
+    assert jobs["diverge"]["state"] == "cancelled"
+    assert not [e for e in _events("healthy") if e["kind"] == "quality" and e["severity"] == "error"]
+
+    assert gpurun("queue", "retry", "diverge").returncode == 0
+    st = wait_terminal(timeout=60)
+    d = [j for j in st["jobs"] if j["name"] == "diverge"][0]
+    assert d["state"] == "quality_stopped", d
+    assert "quality gate" in d["reason"]
+    ev = [e for e in _events("diverge") if e["kind"] == "quality_stopped"]
+    assert ev and ev[-1]["data"]["evidence"] and os.path.exists(ev[-1]["data"]["evidence"])
+    evidence = json.loads(Path(ev[-1]["data"]["evidence"]).read_text())
+    assert evidence.get("verdict") == "STOP"
+
+    # --force overrides the gate, and says so in the job's history
+    assert gpurun("queue", "retry", "diverge", "--force").returncode == 0
+    time.sleep(1.5)
+    assert any("overridden with --force" in e["message"] for e in _events("diverge"))
+    gpurun("queue", "cancel", "diverge")
+    wait_terminal(timeout=60)

@@ -1,0 +1,169 @@
+"""The agent side: periodic check with its adaptive interval, the resume gate, the reviewer
+hook and the ``check`` verb, on a real SQLite store and real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.agent import quality_hook as QH
+from orchestrator.agent.store import Store
+from orchestrator.agent.framing import unframe
+from orchestrator.quality.judge import judge
+from orchestrator.quality.sources import Tracker
+
+T0 = 1_700_000_000.0
+
+
+def _write(path, rows):
+    with open(path, "a") as f:
+        for s, loss in rows:
+            f.write(json.dumps({"step": s, "loss": loss}) + "\n")
+
+
+def healthy(a, b):
+    return [(s, 4.0 * (s + 50) ** -0.3 * (1 + 0.01 * math.sin(s))) for s in range(a, b)]
+
+
+def diverging(a, b, at):
+    return [(s, 4.0 * (s + 50) ** -0.3 * (2 ** ((s - at) / 20) if s > at else 1)) for s in range(a, b)]
+
+
+@pytest.fixture
+def store_job(tmp_path):
+    store = Store(str(tmp_path / "agent.db"))
+    run_dir = tmp_path / "runs" / "j1"
+    run_dir.mkdir(parents=True)
+    store.insert_jobs([{"id": "j1", "name": "train", "command": "python train.py", "run_dir": str(run_dir),
+                        "log": str(run_dir / "stdout.log"), "checkpoints": str(run_dir / "ckpt")}])
+    assert store.transition("j1", ["queued"], "running", attempt=1, started_at=T0)
+    yield store, store.get_job("j1"), run_dir
+    store.close()
+
+
+def test_periodic_ladder_and_alert(store_job):
+    store, job, run_dir = store_job
+    assert not QH.periodic_due(store, job, T0 + 700)  # no metrics yet
+    m = run_dir / "metrics.jsonl"
+    _write(m, healthy(0, 300))
+    assert not QH.periodic_due(store, job, T0 + 100)
+    assert QH.periodic_due(store, job, T0 + 600)
+    now, intervals = T0 + 600, []
+    for k in range(5):
+        res = QH.periodic_check(store, job, now, {})
+        assert res["verdict"] == "CONTINUE" and not res["stop"]
+        intervals.append(res["interval_s"])
+        assert not QH.periodic_due(store, job, now + res["interval_s"] - 1)
+        now += res["interval_s"]
+        _write(m, healthy(300 + 100 * k, 400 + 100 * k))
+    assert intervals == [1200, 1800, 3600, 3600, 3600]
+    same = QH.periodic_check(store, job, now, {})  # no new data: the ladder does not advance
+    assert same["interval_s"] == 3600
+    _write(m, [(800 + i, float("nan")) for i in range(3)])
+    res = QH.periodic_check(store, job, now + 3600, {})
+    assert res["verdict"] == "STOP" and res["interval_s"] == 600 and res["stop"] is False
+    ev = [e for e in store.events(job_id="j1") if e["kind"] == "quality"]
+    assert ev and ev[-1]["severity"] == "error" and "nonfinite_loss" in ev[-1]["message"]
+    assert res["evidence_path"] and os.path.exists(res["evidence_path"])
+    saved = json.load(open(res["evidence_path"]))
+    assert saved["verdict"] == "STOP" and saved["points"]["loss"] and saved["job_id"] == "j1"
+    assert os.path.exists(saved["plot"]) and open(saved["plot"]).read().startswith("<svg")
+    st = store.kv_get("quality:j1")
+    assert st["verdict"] == "STOP" and st["idx"] == 0
+
+
+def test_periodic_action_stop_and_custom_intervals(store_job):
+    store, job, run_dir = store_job
+    _write(run_dir / "metrics.jsonl", diverging(0, 600, 400))
+    cfg = {"quality": {"action": "stop", "intervals_s": [60, 120]}}
+    assert QH.periodic_due(store, job, T0 + 61, cfg)
+    res = QH.periodic_check(store, job, T0 + 61, cfg)
+    assert res["verdict"] == "STOP" and res["stop"] is True and res["findings"][0]["code"] == "divergence"
+    assert res["interval_s"] == 60
+
+
+def test_periodic_unreadable_is_wait_and_falls_back_to_log(store_job, tmp_path):
+    store, job, run_dir = store_job
+    job = dict(job, metrics=str(tmp_path / "gone.jsonl"))
+    res = QH.periodic_check(store, job, T0 + 600, {})
+    assert res["verdict"] == "WAIT" and not res["stop"]
+    assert any("unreadable" in e["message"] for e in store.events(job_id="j1"))
+    with open(job["log"], "w") as f:
+        f.write("".join("step %d loss %s\n" % (s, v) for s, v in healthy(0, 200)))
+    res = QH.periodic_check(store, job, T0 + 1200, {})
+    assert res["verdict"] == "CONTINUE" and res["source"] == job["log"]
+
+
+def test_resume_gate_refuses_poisoned_checkpoint(store_job):
+    store, job, run_dir = store_job
+    _write(run_dir / "metrics.jsonl", diverging(0, 900, 500))
+    ck = run_dir / "ckpt"
+    ck.mkdir()
+    (ck / "checkpoint-300").mkdir()
+    res = QH.resume_gate(job, {})
+    assert res["checkpoint_step"] == 300 and res["allowed"] and res["verdict"] == "CONTINUE"
+    (ck / "checkpoint-850").mkdir()
+    res = QH.resume_gate(job, {})
+    assert not res["allowed"] and res["verdict"] == "STOP" and res["checkpoint_step"] == 850
+    ev = json.load(open(res["evidence_path"]))
+    assert ev["kind"] == "resume_gate" and ev["checkpoint_step"] == 850 and ev["last_step"] <= 850
+    assert ev["findings"][0]["code"] in ("divergence", "spike_unrecovered")
+    assert os.path.dirname(res["evidence_path"]) == str(run_dir / "quality")
+
+
+def test_resume_gate_without_metrics_allows(store_job):
+    _, job, _ = store_job
+    res = QH.resume_gate(job, {})
+    assert res["allowed"] and res["verdict"] == "WAIT"
+
+
+def _doubtful(tmp_path):
+    p = tmp_path / "m.jsonl"
+    _write(p, healthy(0, 300) + [(300 + i, 4.0 * 350 ** -0.3 * 1.3) for i in range(20)])
+    run = Tracker([str(p)]).update()
+    assert judge(run, {})["verdict"] == "WAIT"
+    return run
+
+
+@pytest.mark.parametrize("cmd,answer", [
+    ("cat > {seen}; echo 'STOP loss keeps rising'", "STOP"),
+    ("cat > {seen}; echo continue", "CONTINUE"),
+    ("cat > {seen}; echo 'I am not sure'", "WAIT"),
+    ("cat > {seen}; exit 3", "WAIT"),
+    ("cat > {seen}; sleep 5; echo STOP", "WAIT"),
+])
+def test_reviewer_hook(tmp_path, cmd, answer):
+    run = _doubtful(tmp_path)
+    seen = tmp_path / "seen.json"
+    v = judge(run, {"reviewer_command": cmd.format(seen=seen), "reviewer_timeout_s": 1})
+    assert v["verdict"] == answer and v["reviewer"]["answer"] == answer
+    got = json.loads(seen.read_text())
+    assert got["finding"]["code"] == "divergence" and len(got["recent_loss"]) == 200 and "evals" in got
+
+
+def test_check_verb_via_agent_process(store_job, tmp_path):
+    store, job, run_dir = store_job
+    _write(run_dir / "metrics.jsonl", diverging(0, 600, 400))
+    from orchestrator.agent import daemon
+    state = tmp_path / "state"
+    state.mkdir()
+    s2 = Store(daemon.files(str(state))["db"])
+    s2.insert_jobs([dict(job, id="j2", name="div", env={})])
+    s2.close()
+    p = subprocess.run([sys.executable, "-m", "orchestrator.agent", "check", "--state-dir", str(state)],
+                       input=json.dumps({"job": "div", "primary": "eval_loss:min"}), capture_output=True,
+                       text=True, timeout=60)
+    reply = unframe(p.stdout)
+    assert reply["ok"]
+    out = reply["result"]
+    assert out["verdict"] == "STOP" and out["job"]["name"] == "div" and out["loss_points"]
+    assert out["sparkline"] and out["findings"][0]["code"] == "divergence"
+    p = subprocess.run([sys.executable, "-m", "orchestrator.agent", "check", "--state-dir", str(state)],
+                       input=json.dumps({"job": "nope"}), capture_output=True, text=True, timeout=60)
+    reply = unframe(p.stdout)
+    assert not reply["ok"] and "no job" in json.dumps(reply)

@@ -1,0 +1,96 @@
+"""``gpurun check`` driven through the real CLI: exit codes, --json contract, plots, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli.main import cli
+from quality.synth import make_curve, write
+
+KEYS = {"verdict", "reason", "findings", "source", "format", "last_step", "points", "series", "resumed",
+        "restarts", "unreadable", "checker_version", "sparkline"}
+
+
+def _run(args, home):
+    return CliRunner().invoke(cli, ["check"] + args, catch_exceptions=False)
+
+
+@pytest.mark.parametrize("cls,fmt,code,verdict", [
+    ("healthy", "jsonl", 0, "CONTINUE"), ("nan", "tfevents", 11, "STOP"), ("divergence", "wandb", 11, "STOP"),
+])
+def test_exit_codes_and_json(isolated_home, tmp_path, cls, fmt, code, verdict):
+    p = write(make_curve(cls, 0), fmt, str(tmp_path / "run"))
+    r = _run([p, "--json"], isolated_home)
+    assert r.exit_code == code, r.output
+    out = json.loads(r.output)
+    assert KEYS <= set(out) and out["verdict"] == verdict
+    for f in out["findings"]:
+        assert {"code", "severity", "step", "series", "evidence", "hint"} <= set(f)
+    if verdict == "STOP":
+        assert out["findings"][0]["hint"]
+
+
+def test_run_dir_human_output_and_svg(isolated_home, tmp_path):
+    d = tmp_path / "run"
+    write(make_curve("nan", 2), "csv", str(d))
+    svg = tmp_path / "p.svg"
+    r = _run([str(d), "--plot", str(svg)], isolated_home)
+    assert r.exit_code == 11
+    assert "STOP" in r.output and "nonfinite_loss" in r.output and "hint:" in r.output
+    assert any(ch in r.output for ch in "▁▂▃▄▅▆▇█")
+    text = svg.read_text()
+    assert text.startswith("<svg") and "nonfinite_loss" in text and "<polyline" in text
+
+
+def test_wait_for_short_or_missing(isolated_home, tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1, "loss": 2.0}\n')
+    assert _run([str(p)], isolated_home).exit_code == 10
+    r = _run([str(tmp_path / "missing.jsonl"), "--json"], isolated_home)
+    assert r.exit_code == 10 and json.loads(r.output)["unreadable"]
+
+
+def test_primary_and_baseline(isolated_home, tmp_path):
+    rows = [{"step": 100 * i, "eval_loss": 1.0 + 0.05 * i, "eval_acc": 0.3 + 0.02 * i, "loss": 3 - 0.1 * i}
+            for i in range(1, 15)]
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _run([str(p), "--primary", "eval_acc:max"], isolated_home).exit_code == 0
+    assert _run([str(p), "--primary", "eval_loss:min"], isolated_home).exit_code == 11
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"eval_acc": {str(100 * i): 0.9 + 0.001 * i for i in range(1, 15)}}))
+    r = _run([str(p), "--primary", "eval_acc:max", "--baseline", str(base), "--json"], isolated_home)
+    assert r.exit_code == 11 and json.loads(r.output)["findings"][0]["code"] == "below_baseline"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--primary", "eval_wer"], "--primary"),
+    (["--plot", "x.gif"], "--plot"),
+    ([], "missing SOURCE"),
+    (["--host", "local"], "--job"),
+    (["--regex", "(unclosed"], "--regex"),
+])
+def test_bad_input_exit_2_one_line(isolated_home, tmp_path, args, needle):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1, "loss": 2.0}\n')
+    argv = ([str(p)] if "missing SOURCE" != needle and "--job" != needle else []) + args
+    proc = subprocess.run(["gpurun", "check"] + argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.gif").exists()
+
+
+def test_png_without_matplotlib_is_clear(isolated_home, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed here")
+    except ImportError:
+        pass
+    p = write(make_curve("healthy", 0), "jsonl", str(tmp_path))
+    proc = subprocess.run(["gpurun", "check", p, "--plot", str(tmp_path / "a.png")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "matplotlib" in proc.stderr and ".svg" in proc.stderr
+    assert not (tmp_path / "a.png").exists()

@@ -30,20 +30,21 @@ def rq(path: str) -> str:
 def host_config(host: dict) -> dict:
     """The config the agent runs with: profile sections plus host overrides."""
     cfg: dict[str, Any] = {"host": host["name"], "profile": host.get("profile"), "slots": host.get("slots") or 1}
-    for key in ("expect_gpus", "gpus", "notify", "instance", "workdir", "min_free_mib"):
-        if host.get(key) is not None:
-            cfg[key] = host[key]
-    cfg["provider"] = (host.get("instance") or {}).get("provider") or host.get("profile")
     try:
         from orchestrator.profiles import load_profile
         prof = load_profile(host.get("profile") or "local")
     except ImportError:
         prof = None
     if prof is not None:
-        for key in ("watchdog", "quality", "autostop", "paths", "detach", "recovery", "reap"):
+        for key in ("watchdog", "quality", "autostop", "paths", "detach", "recovery", "reap", "notify"):
             val = prof.get(key)
             if val is not None:
                 cfg[key] = val
+    # the host's own settings win over its profile's
+    for key in ("expect_gpus", "gpus", "notify", "instance", "workdir", "min_free_mib"):
+        if host.get(key) is not None:
+            cfg[key] = host[key]
+    cfg["provider"] = (host.get("instance") or {}).get("provider") or host.get("profile")
     return cfg
 
 

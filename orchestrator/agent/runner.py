@@ -169,11 +169,13 @@ class Runner:
         return None, slots - len(running)
 
     def _schedule(self) -> None:
-        queued = self.store.jobs([S.QUEUED])
-        if not queued:
-            return
         running = self.store.jobs([S.RUNNING])
         free_gpus, free_slots = self._capacity(running)
+        # A full host only needs to look at queued jobs that are being cancelled.
+        full = (free_gpus is not None and not free_gpus) or (free_slots is not None and free_slots <= 0)
+        queued = self.store.queued_cancelled() if full else self.store.jobs([S.QUEUED])
+        if not queued:
+            return
         for job in queued:
             if job["cancel_requested"]:
                 self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),

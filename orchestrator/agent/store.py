@@ -127,6 +127,10 @@ class Store:
             rows = self.db.execute(q, st).fetchall()
         return [self._row(r) for r in rows]
 
+    def queued_cancelled(self) -> list[dict]:
+        rows = self.db.execute("SELECT * FROM jobs WHERE state='queued' AND cancel_requested=1 ORDER BY seq")
+        return [self._row(r) for r in rows.fetchall()]
+
     def get_job(self, ref: Any) -> Optional[dict]:
         """Find a job by id, by exact name, or by its number (``seq``)."""
         ref = str(ref)

@@ -1,0 +1,40 @@
+"""The daemon's lifecycle: ensure is idempotent, replaces an older build, one daemon per dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from orchestrator.agent.framing import unframe
+from orchestrator.core import agentship
+
+
+def _ensure(pyz, state_dir, build):
+    out = subprocess.run([sys.executable, str(pyz), "ensure", "--state-dir", str(state_dir)],
+                         input=json.dumps({"build": build}), capture_output=True, text=True, timeout=60)
+    reply = unframe(out.stdout)
+    assert reply["ok"], reply
+    return reply["result"]
+
+
+def test_ensure_idempotent_and_replaces_older_build(home, tmp_path):
+    _, pyz = agentship.build()
+    sd = home / "state"  # under home: the fixture kills its daemons even if an assert fails
+    first = _ensure(pyz, sd, "b1")
+    assert first["action"] == "started"
+    again = _ensure(pyz, sd, "b1")
+    assert again == {"action": "none", "pid": first["pid"], "build": "b1"}
+    newer = _ensure(pyz, sd, "b2")
+    assert newer["action"] == "replaced" and newer["previous"] == "b1" and newer["pid"] != first["pid"]
+    # the old daemon is gone, the new one holds the lock
+    assert not os.path.exists(f"/proc/{first['pid']}") or \
+        open(f"/proc/{first['pid']}/stat").read().split(") ")[1][0] in "ZX"
+    # a second daemon started by hand exits at once: the flock admits one per state dir
+    extra = subprocess.run([sys.executable, str(pyz), "daemon", "--state-dir", str(sd), "--build", "b3"],
+                           timeout=30)
+    assert extra.returncode == 0
+    assert (sd / "agent.build").read_text().strip() == "b2"
+    os.kill(newer["pid"], signal.SIGTERM)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
+import zlib
 from typing import Optional
 
 from orchestrator.agent.runner import Runner
@@ -105,7 +106,7 @@ def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout
     argv = [sys.executable or "python3", pyz, "daemon", "--state-dir", state_dir, "--build", build]
     log = open(files(state_dir)["log"], "ab")
     if detach == "tmux" and _has("tmux"):
-        session = "gpurun-agent-%d" % (abs(hash(state_dir)) % 100000)
+        session = "gpurun-agent-%08x" % zlib.crc32(state_dir.encode())  # stable across processes
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         cmd = " ".join(_q(a) for a in argv) + " >> %s 2>&1" % _q(files(state_dir)["log"])
         subprocess.run(["tmux", "new-session", "-d", "-s", session, cmd], check=True,

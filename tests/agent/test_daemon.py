@@ -38,3 +38,26 @@ def test_ensure_idempotent_and_replaces_older_build(home, tmp_path):
     assert extra.returncode == 0
     assert (sd / "agent.build").read_text().strip() == "b2"
     os.kill(newer["pid"], signal.SIGTERM)
+
+
+def test_tmux_detach_runs_the_daemon_inside_tmux(home, tmp_path):
+    import shutil
+
+    import pytest
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed (scripts/test.sh installs it)")
+    _, pyz = agentship.build()
+    sd = home / "tmux-state"
+    out = subprocess.run([sys.executable, str(pyz), "ensure", "--state-dir", str(sd)],
+                         input=json.dumps({"build": "t1", "detach": "tmux"}), capture_output=True, text=True,
+                         timeout=60)
+    res = unframe(out.stdout)["result"]
+    try:
+        assert res["action"] == "started"
+        ppid = int(open(f"/proc/{res['pid']}/stat").read().split(") ")[1].split()[1])
+        parent = open(f"/proc/{ppid}/comm").read().strip()
+        assert parent.startswith("tmux") or parent in ("sh", "bash"), parent
+        sessions = subprocess.run(["tmux", "ls"], capture_output=True, text=True).stdout
+        assert "gpurun-agent-" in sessions
+    finally:
+        os.kill(res["pid"], signal.SIGTERM)

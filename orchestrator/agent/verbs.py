@@ -7,6 +7,7 @@ finished job; everything else is the runner's. Extension rooms add verbs through
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable, Dict
@@ -55,7 +56,17 @@ def v_submit(ctx: Any, req: dict) -> dict:
     for jid in added:
         os.makedirs(os.path.join(runs, jid), exist_ok=True)
     daemon.wake(ctx.state_dir)
-    return {"added": added, "present": present}
+    return {"added": added, "present": present, "code": _code_record(ctx.state_dir)}
+
+
+def _code_record(state_dir: str) -> Any:
+    """The record ``gpurun push`` left on the box, so submit can warn about stale code
+    without another round trip."""
+    try:
+        with open(os.path.join(state_dir, "code_hash")) as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def v_status(ctx: Any, req: dict) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import sys
 import time
 
@@ -58,6 +59,9 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
     with open_session(host=entry) as s:
         res = s.call("submit", {"jobs": jobs})
         added, present = res["added"], res["present"]
+        stale = _stale_code_warning(entry, res.get("code"))
+        if stale:
+            err.print(f"[yellow]warning:[/] {stale}")
         if as_json and not wait:
             emit_json({"host": entry["name"], "added": added, "present": present})
         elif not as_json:
@@ -85,6 +89,21 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
     bad = [j for j in final if j["state"] != "succeeded"]
     if bad:
         sys.exit(1)
+
+
+def _stale_code_warning(host: dict, remote: dict | None) -> str | None:
+    """Warn when the code last pushed from here has changed since (no extra round trip)."""
+    if host.get("kind") == "local" or not remote:
+        return None
+    from orchestrator.core.push import last_local_record, local_tree_hash
+    rec = last_local_record(host["name"])
+    local_dir = (rec or {}).get("local_dir") or remote.get("local_dir")
+    if not local_dir or not os.path.isdir(local_dir):
+        return None
+    if local_tree_hash(local_dir)["hash"] == remote.get("hash"):
+        return None
+    return (f"the code on {host['name']} ({remote.get('remote_dir')}) differs from {local_dir}; "
+            f"run `gpurun push --host {host['name']} {local_dir}` to update it")
 
 
 def render_table(host: str, jobs: list[dict]) -> None:

@@ -13,7 +13,8 @@ STATE_STYLE = {"queued": "cyan", "running": "yellow", "succeeded": "green", "fai
 
 def console(stderr: bool = False) -> Any:
     from rich.console import Console
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    # messages on stderr are never wrapped (they get grepped and logged); tables on stdout fit the terminal
+    return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
 
 
 def emit_json(obj: Any) -> None:

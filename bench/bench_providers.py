@@ -4,8 +4,12 @@
    provider per tick) vs. the naive per-instance refresh, counted by the fake server.
 2. Preemption -> detection latency with the batched poller at a given interval.
 3. Preemption -> box back and SSH-reachable with the ``restart`` policy (fake boot = 1 poll).
+4. Preemption -> the job running again on a replacement box (``replace`` policy), end to end:
+   ``gpurun recover --watch`` against the RunPod fake whose pods are a real loopback sshd; the
+   job restarts from its pulled checkpoint. Target: <= watch interval + 10 s. Needs root + sshd.
 
 Usage: python bench/bench_providers.py [--interval 0.5] [--trials 10] [--watch-interval 60]
+                                       [--recover-interval 5] [--recover-trials 3]
 """
 
 from __future__ import annotations
@@ -115,16 +119,121 @@ def restart(interval: float, trials: int) -> None:
           "(excludes agent resume; real boots add the provider's start time)")
 
 
+TRAIN = """import json, os, time
+start = 0
+if os.environ.get("GPURUN_RESUME_FROM"):
+    start = json.load(open(os.path.join(os.environ["GPURUN_RESUME_FROM"], "state.json")))["step"]
+os.makedirs("ckpt", exist_ok=True)
+for step in range(start + 1, 10000):
+    time.sleep(0.1)
+    if step % 5 == 0:
+        os.makedirs("ckpt/.t", exist_ok=True)
+        json.dump({"step": step}, open("ckpt/.t/state.json", "w"))
+        os.replace("ckpt/.t", "ckpt/step-%d" % step)
+"""
+
+
+def _cli(env: dict, *args: str, check: bool = True):
+    import subprocess
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True,
+                         text=True, timeout=300)
+    if check and res.returncode != 0:
+        raise SystemExit(f"gpurun {' '.join(args)} failed: {res.stderr}")
+    return res
+
+
+def moved(watch: float, trials: int) -> None:
+    """Preemption -> job running again on the replacement, with `gpurun recover --watch`."""
+    import json
+    import shutil
+    import signal
+    import subprocess
+    from pathlib import Path
+    from rigs.agents import kill_agents_under
+    from rigs.sshd import CLEAN_USER, SshdRig, sshd_available
+    if os.geteuid() != 0 or sshd_available():
+        print("== preemption -> job running on a replacement: skipped (needs root and sshd)")
+        return
+    print(f"== preemption -> job running again on a replacement box (replace policy), "
+          f"recover --watch every {watch:g}s, {trials} trials (runpod fake + loopback sshd)")
+    rig = SshdRig()
+    rig.start()
+    home = Path(tempfile.mkdtemp(prefix="gpurun-bench-recover-"))
+    fake = start_fake("runpod", ssh=("127.0.0.1", rig.port))
+    boxes = rig.user_dir(CLEAN_USER, "pods")
+    env = dict(os.environ, HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "cfg"),
+               RUNPOD_API_KEY=KEY, GPURUN_RUNPOD_API_URL=fake.url, GPURUN_PROVIDER_POLL_S="0.2")
+    (home / "cfg" / "gpurun" / "profiles").mkdir(parents=True)
+    (home / "cfg" / "gpurun" / "profiles" / "runpod.yaml").write_text(
+        f'ssh: {{user: {CLEAN_USER}, form: "ssh -p PORT {CLEAN_USER}@IP"}}\n'
+        f'paths: {{workdir: "{boxes}/{{host}}/work", state_dir: "{boxes}/{{host}}/state", cache_dir: "{boxes}/c"}}\n'
+        f'storage: [{{name: d, path: "{boxes}", survives_stop: true, survives_destroy: false, network_fs: false}}]\n'
+        "recovery: {on_preempt: replace}\n")
+    (home / "cfg" / "gpurun" / "config.yaml").write_text(
+        f'pull: {{dest: "{home / "art"}", settle_s: 0.2, keep_latest: 1}}\n')
+    proj = home / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(TRAIN)
+    q = home / "q.txt"
+    q.write_text("[name=train gpus=0 checkpoints=ckpt] python3 train.py\n")
+    figs, parts = [], []
+    try:
+        for t in range(trials):
+            name = f"b{t}"
+            up = json.loads(_cli(env, "up", "runpod", "--gpu", "RTX_4090", "--spot", "--yes", "--no-setup",
+                                 "--json", "--ssh-key", str(rig.client_key), "--name", name).stdout)
+            _cli(env, "push", str(proj), "--host", name)
+            _cli(env, "queue", "submit", str(q), "--host", name)
+            while not (boxes / name / "work" / "ckpt" / "step-10").exists():
+                time.sleep(0.1)
+            _cli(env, "pull", "--host", name, check=False)
+            watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "recover", name, "--watch",
+                                        "--interval", str(watch), "--yes", "--no-setup", "--json"],
+                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            time.sleep(random.uniform(0.5, watch + 0.5))   # preempt at a random point of the cycle
+            t0 = time.time()
+            fake.preempt(up["instance_id"])
+            kill_agents_under(boxes / name)
+            shutil.move(str(boxes / name), str(home / f"lost-{name}"))
+            new_runs = boxes / f"{name}-r1" / "state" / "runs"
+            started = None
+            while started is None and time.time() - t0 < watch + 120:
+                hits = list(new_runs.glob("*/started.*")) if new_runs.exists() else []
+                started = hits[0].stat().st_mtime if hits else None
+                time.sleep(0.05)
+            out, _ = watcher.communicate(timeout=120)
+            res = json.loads(out)
+            if started is None:
+                raise SystemExit("the moved job never started on the replacement")
+            figs.append(started - t0)
+            parts.append(res["elapsed_s"])
+            kill_agents_under(boxes)
+            if watcher.poll() is None:
+                watcher.send_signal(signal.SIGTERM)
+    finally:
+        kill_agents_under(boxes)
+        kill_agents_under(home)
+        fake.close()
+        rig.close()
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"  preemption -> job running again: median {statistics.median(figs):.2f}s  max {max(figs):.2f}s  "
+          f"(target <= {watch:g} + 10 = {watch + 10:g}s)")
+    print(f"  recover --watch wall time per trial (waiting included): {', '.join(f'{p:.2f}s' for p in parts)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--watch-interval", type=float, default=60.0)
+    ap.add_argument("--recover-interval", type=float, default=5.0)
+    ap.add_argument("--recover-trials", type=int, default=3)
     a = ap.parse_args()
     os.environ.setdefault("XDG_DATA_HOME", tempfile.mkdtemp(prefix="gpurun-bench-"))
     idle_watch(a.watch_interval)
     detection(a.interval, a.trials)
     restart(a.interval, a.trials)
+    moved(a.recover_interval, a.recover_trials)
 
 
 if __name__ == "__main__":

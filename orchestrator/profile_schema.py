@@ -44,6 +44,7 @@ def Obj(fields: dict, **kw: Any) -> T: return T("obj", fields=fields, **kw)
 _ENV_NAME = (lambda v: re.fullmatch(r"[A-Z_][A-Z0-9_]*", v) is not None,
              "an environment variable NAME such as RUNPOD_API_KEY")
 _URL = (lambda v: re.match(r"https?://[^\s]+$", v) is not None, "an http(s):// URL")
+_NONEMPTY = (lambda v: bool(v.strip()), "non-empty text")
 _MONTH = (lambda v: re.fullmatch(r"20\d\d-(0[1-9]|1[0-2])(-\d\d)?", v) is not None,
           "a date like 2026-06")
 
@@ -92,10 +93,21 @@ SCHEMA = Obj({
                                              "systemd_user")),
     "network": Obj({"proxy_hook": Str(nullable=True), "env": Map(Str()),
                     "note": Str()}, required=True),
+    # Optional keys are read by the provider clients (orchestrator/providers/*.py ``extras``).
     "api": Obj({"base_url": Str(required=True, check=_URL),
                 "credential_env": Str(required=True, check=_ENV_NAME),
                 "auth": Str(required=True, choices=("bearer", "basic", "raw-header")),
-                "note": Str()}, nullable=True, required=True),
+                "note": Str(),
+                "timeout_s": Num(minimum=1, maximum=3600),
+                "poll_interval_s": Num(minimum=0.01, maximum=3600),
+                "ssh_key_name": Str(check=_NONEMPTY),            # Lambda: the registered key to launch with
+                "ssh_port": Int(minimum=1, maximum=65535),       # Lambda: non-standard SSH port
+                "image": Str(check=_NONEMPTY),                   # default container/OS image
+                "regions": List(Str(check=_NONEMPTY)),           # AutoDL: data centers to look in
+                "prices": Map(Num(minimum=0)),                   # AutoDL: GPU name -> price per GPU-hour
+                "gpu_specs": Map(Str(check=_NONEMPTY)),          # AutoDL: GPU name -> gpu_spec_uuid
+                "cuda_v_from": Int(minimum=0)},                  # AutoDL: lowest CUDA version (118 = 11.8)
+               nullable=True, required=True),
     "watchdog": Obj({
         "interval_s": Num(required=True, minimum=1),
         "stall_after_s": Num(required=True, minimum=1),

@@ -95,7 +95,11 @@ class Store:
         return d
 
     def insert_jobs(self, jobs: Iterable[dict]) -> tuple[list[str], list[str]]:
-        """Insert queued jobs in one transaction; returns (added ids, already-present ids)."""
+        """Insert queued jobs in one transaction; returns (added ids, already-present ids).
+
+        A job moved from a lost box (``gpurun recover``) carries its ``attempt`` count, so its
+        next start is a resume (attempt > 0) and passes the quality gate first; the retry
+        budget starts fresh there (``attempt_base``)."""
         now = time.time()
         added: list[str] = []
         present: list[str] = []
@@ -105,12 +109,12 @@ class Store:
             for j in jobs:
                 cur.execute(
                     "INSERT OR IGNORE INTO jobs (id, name, command, cwd, env, gpus, retries, timeout_s,"
-                    " metrics, checkpoints, run_dir, log, source, submitted_at)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " metrics, checkpoints, run_dir, log, source, submitted_at, attempt, attempt_base)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (j["id"], j["name"], j["command"], j.get("cwd"), json.dumps(j.get("env") or {}),
                      int(j.get("gpus") or 0), int(j.get("retries") or 0), j.get("timeout_s"),
                      j.get("metrics"), j.get("checkpoints"), j["run_dir"], j["log"],
-                     j.get("source"), now))
+                     j.get("source"), now, int(j.get("attempt") or 0), int(j.get("attempt") or 0)))
                 (added if cur.rowcount == 1 else present).append(j["id"])
             cur.execute("COMMIT")
         except BaseException:

@@ -31,6 +31,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "down": ("orchestrator.cli.down:down", "Stop the meter, only after results are verified."),
     "up": ("orchestrator.cli.up:up", "Rent a GPU box through a provider API."),
     "ls": ("orchestrator.cli.ls:ls", "List rented instances with state and cost."),
+    "recover": ("orchestrator.cli.recover:recover", "Recover a preempted box: wait, restart or replace it."),
 }
 
 

@@ -42,16 +42,38 @@ def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float) 
 
     futs = {pool.submit(one, n): n for n in sessions}
     done = {futs[f]: f.result() for f in cf.as_completed(futs)}
+    now = time.time()
+    for n, snap in done.items():
+        snap["cost"] = cost_of(sessions[n].host, now)
     return [done[n] for n in sessions]
 
 
+def cost_of(entry: dict, now: float) -> dict | None:
+    """Price per hour and cost so far of a rented host, from what gpurun rented (no API call,
+    so watching many boxes costs the provider nothing); None for hosts that are not rented."""
+    inst = entry.get("instance") or {}
+    price = inst.get("price_per_hour")
+    if price is None:
+        return None
+    from orchestrator.core.rent import rental
+    rec = rental(str(inst.get("provider") or ""), str(inst.get("id")))
+    start = inst.get("rented_at") or rec.get("rented_at")
+    # our own stop or terminate ends the GPU meter (a stopped box may still bill its disk)
+    end = rec.get("ended_at") or (rec.get("stopped_at") if rec.get("stopped_by_us") else None) or now
+    hours = max(0.0, float(end) - float(start)) / 3600.0 if start else 0.0
+    return {"price_per_hour": float(price), "currency": inst.get("currency") or "USD",
+            "since": iso(start), "hours": round(hours, 4), "cost_so_far": round(float(price) * hours, 4)}
+
+
 def json_host(h: dict) -> dict:
-    """The documented ``--json`` shape of one host."""
+    """The documented ``--json`` shape of one host (``cost`` is null for hosts not rented)."""
     if not h["ok"]:
-        return {"host": h["host"], "ok": False, "error": h["error"], "elapsed_s": h["elapsed_s"]}
+        return {"host": h["host"], "ok": False, "error": h["error"], "elapsed_s": h["elapsed_s"],
+                "cost": h.get("cost")}
     g = h["gpu"]
     return {
         "host": h["host"], "ok": True, "error": None, "elapsed_s": h["elapsed_s"], "time": iso(h["time"]),
+        "cost": h.get("cost"),
         "gpu": {"status": g["status"], "available": g["available"], "no_driver": g["no_driver"],
                 "driver": g["driver"], "reasons": g["reasons"],
                 "gpus": [{k: x.get(k) for k in ("index", "name", "uuid", "util_pct", "mem_used_mib", "mem_total_mib",
@@ -78,15 +100,18 @@ def render(hosts: list[dict]) -> Any:
 
     parts: list[Any] = []
     for h in hosts:
+        cost = h.get("cost")
+        money = (f"  {cost['price_per_hour']:.2f} {cost['currency']}/h, {cost['cost_so_far']:.2f} so far"
+                 if cost else "")
         if not h["ok"]:
-            parts.append(Text.from_markup(f"[bold]{h['host']}[/]  [red]unreachable[/]: {h['error']}"))
+            parts.append(Text.from_markup(f"[bold]{h['host']}[/]  [red]unreachable[/]: {h['error']}{money}"))
             parts.append(Text(""))
             continue
         g = h["gpu"]
         head = f"[bold]{h['host']}[/]  GPU health [{HEALTH_STYLE[g['status']]}]{g['status']}[/]"
         if not g["available"]:
             head += f"  (no NVIDIA GPU here: {g['no_driver']})"
-        parts.append(Text.from_markup(head + f"  [dim]{h['elapsed_s']:.2f}s[/]"))
+        parts.append(Text.from_markup(head + money + f"  [dim]{h['elapsed_s']:.2f}s[/]"))
         if g["gpus"]:
             t = Table(box=None, padding=(0, 1), show_edge=False)
             for col in ("GPU", "util", "memory", "temp", "power", "health"):

@@ -10,14 +10,16 @@ artifacts are not verified at home, so that stays ``gpurun down``'s call.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
-from orchestrator.core import rent
-from orchestrator.errors import OperationalError, ProviderError, Unsupported
+from orchestrator.core import relocate, rent, snapshot
+from orchestrator.errors import BadInput, OperationalError, ProviderError, Unsupported
 from orchestrator.providers import Instance, Provider
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-MOVABLE = ("queued", "running")   # a running job on a lost box is interrupted: run it again
+POLICIES = ("wait", "restart", "replace")
+MOVABLE = relocate.MOVABLE
 
 
 def read_boot_id(entry: dict) -> str | None:
@@ -80,20 +82,33 @@ def recover(entry: dict, *, policy: str | None = None, provider: Provider | None
             probe: Callable[[str, int], bool] = rent.tcp_probe,
             boot_reader: Callable[[dict], str | None] = read_boot_id, wait_timeout: float = 900.0,
             jobs: list[dict] | None = None, submit: Callable[[dict, list[dict]], dict] | None = None,
-            up_kwargs: dict | None = None) -> dict:
-    """Detect, then apply the policy. Returns ``{"action", "detection", ...}`` where action is
-    ``none | waited | restarted | replaced``. For ``replace``: ``new_host`` and ``moved`` (job
-    ids re-submitted). ``jobs`` overrides the job list read from the old host's agent (which is
-    usually unreachable after a preemption). Every moved job is re-checked by the agent's
-    quality gate before it resumes on the new host (the agent's resume path)."""
+            up_kwargs: dict | None = None, confirm: Callable[[dict, str], bool] = lambda d, p: True,
+            dest: str | Path | None = None, progress: Callable[[str], None] = lambda m: None,
+            ensure_agent: bool = True) -> dict:
+    """Detect, then apply the policy. Returns the ``gpurun recover --json`` contract:
+    ``{"action", "detection", "policy", ...}`` where action is ``none | declined | rebooted |
+    waited | restarted | replaced``. ``confirm(detection, policy)`` is asked before anything
+    that costs money (restart, replace). For ``replace``: ``new_host``, ``moved`` (job ids on
+    the new host), ``jobs_from`` (``agent | snapshot | given``), ``restored`` and ``code``.
+    ``jobs`` overrides the job list; ``submit`` replaces the real submit (and its uploads);
+    ``dest`` is where ``gpurun pull`` put artifacts (checkpoints to resume from);
+    ``ensure_agent`` restarts the agent on a box that came back (one status call)."""
     det = detect_interruption(entry, provider=provider, probe=probe, boot_reader=boot_reader)
-    if not det["interrupted"]:
-        return {"action": "none", "detection": det}
     prov = provider or rent.provider_for(entry["profile"])[0]
     iid = det["instance_id"]
+    prior = rent.rental(prov.name, iid).get("replaced_by")
     policy = policy or det["policy"]
+    if policy not in POLICIES:
+        raise BadInput(f"unknown recovery policy {policy!r}", hint="use wait, restart or replace")
+    if prior:
+        # a previous recover already rented the replacement: finish moving the queue there
+        return _replace(entry, prov, det, jobs, submit, up_kwargs or {}, probe, dest, progress, prior)
+    if not det["interrupted"]:
+        return {"action": "none", "detection": det, "policy": policy}
     if policy == "restart" and det["provider_state"] == "terminated":
         policy = "replace"   # nothing left to restart
+    if policy in ("restart", "replace") and not confirm(det, policy):
+        return {"action": "declined", "detection": det, "policy": policy}
     if policy in ("wait", "restart"):
         if policy == "restart" and det["provider_state"] in ("stopped", "preempted"):
             try:
@@ -101,40 +116,94 @@ def recover(entry: dict, *, policy: str | None = None, provider: Provider | None
             except Unsupported:
                 policy = "wait"
         if det["boot_id_changed"]:
-            return {"action": "rebooted", "detection": det,
-                    "note": "the box rebooted; the agent's boot hook re-queues interrupted jobs"}
+            jobs_now = _ensure_agent(entry) if ensure_agent else None
+            return {"action": "rebooted", "detection": det, "policy": policy, "jobs": jobs_now,
+                    "note": "the box rebooted; its agent was restarted and re-queues interrupted jobs "
+                            "within their retries"}
+        progress(f"waiting for {entry['name']} ({prov.display} {iid}) to come back")
         inst = _wait_back(prov, iid, probe, wait_timeout)
         rent.note_rental(prov.name, iid, recovered_at=time.time())
         return {"action": "restarted" if policy == "restart" else "waited", "detection": det,
-                "ssh": f"{inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}"}
-    if policy != "replace":
-        raise Unsupported(f"unknown recovery policy {policy!r}", hint="use wait, restart or replace")
-    return _replace(entry, prov, det, jobs, submit, up_kwargs or {}, probe)
+                "policy": policy, "ssh": f"{inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}",
+                "jobs": _ensure_agent(entry) if ensure_agent else None}
+    return _replace(entry, prov, det, jobs, submit, up_kwargs or {}, probe, dest, progress, None)
 
 
-def _replace(entry, prov, det, jobs, submit, up_kwargs, probe) -> dict:
+def _ensure_agent(entry: dict) -> list[dict] | None:
+    """One status call: restarts the agent on a box that came back (it then settles the jobs
+    the interruption killed). None when the box does not answer yet."""
+    try:
+        from orchestrator.core.session import open_session
+        with open_session(host=entry) as s:
+            return [{k: j.get(k) for k in ("id", "name", "state", "attempt")}
+                    for j in s.call("status", {}, timeout=60).get("jobs", [])]
+    except OperationalError:
+        return None
+
+
+def _replace(entry, prov, det, jobs, submit, up_kwargs, probe, dest, progress, prior) -> dict:
+    from orchestrator import hosts
     rec = rent.rental(prov.name, det["instance_id"])
-    spec = rec.get("spec") or {}
-    inst = entry.get("instance") or {}
-    gpu = spec.get("gpu") or f"{inst.get('gpu', '')}:{inst.get('count', 1)}"
-    if jobs is None:
-        jobs = _jobs_from(entry)
-    new = rent.up(entry["profile"], gpu, spot=bool(spec.get("spot")), max_price=spec.get("max_price"),
-                  disk_gb=int(spec.get("disk_gb") or 50), image=spec.get("image"),
-                  name=_next_name(entry["name"]), ssh_key=(entry.get("ssh") or {}).get("key"),
-                  provider=prov, probe=probe, **up_kwargs)
-    movable = [j for j in jobs if j.get("state", "queued") in MOVABLE]
-    moved: list[str] = []
-    if movable:
-        from orchestrator import hosts
+    if prior and prior in hosts.load_hosts():
+        new_entry = hosts.get_host(prior)
+        new = {"host": prior, "instance_id": (new_entry.get("instance") or {}).get("id"), "resumed_move": True}
+    else:
+        spec = rec.get("spec") or {}
+        inst = entry.get("instance") or {}
+        gpu = spec.get("gpu") or f"{inst.get('gpu', '')}:{inst.get('count', 1)}"
+        progress(f"renting a replacement for {entry['name']} ({gpu})")
+        new = rent.up(entry["profile"], gpu, spot=bool(spec.get("spot")), max_price=spec.get("max_price"),
+                      disk_gb=int(spec.get("disk_gb") or 50), image=spec.get("image"),
+                      name=_next_name(entry["name"]), ssh_key=(entry.get("ssh") or {}).get("key"),
+                      provider=prov, probe=probe, progress=progress, **up_kwargs)
+        # recorded before the move, so a failed move is finished by the next recover, not re-rented
+        rent.note_rental(prov.name, det["instance_id"], replaced_by=new["host"], replaced_at=time.time())
         new_entry = hosts.get_host(new["host"])
-        res = (submit or _submit)(new_entry, [_resubmit(j) for j in movable])
-        moved = list(res.get("added", [])) + list(res.get("present", []))
-    rent.note_rental(prov.name, det["instance_id"], replaced_by=new["host"], replaced_at=time.time())
-    return {"action": "replaced", "detection": det, "new_host": new["host"],
-            "new_instance_id": new["instance_id"], "moved": moved,
+    if jobs is None:
+        jobs, source = _jobs_from(entry, det)
+    else:
+        source = "given"
+    out_dest = _dest(dest)
+    movable = [j for j in jobs if j.get("state", "queued") in relocate.MOVABLE and not j.get("moved_to")
+               and relocate.pulled_state(out_dest, j["id"]) is None]
+    moved, restored, code = _move(entry, new_entry, movable, out_dest, submit, progress)
+    snapshot.mark_moved(entry["name"], moved, new_entry["name"])
+    return {"action": "replaced", "detection": det, "policy": "replace", "new_host": new["host"],
+            "new_instance_id": new.get("instance_id"), "moved": moved, "jobs_from": source,
+            "restored": restored, "code": code, "resumed_move": bool(new.get("resumed_move")),
             "old_instance": f"left {det['provider_state']}; `gpurun down {entry['name']}` once its "
                             "artifacts are pulled (it may still bill)"}
+
+
+def _dest(dest: str | Path | None) -> Path:
+    if dest is None:
+        from orchestrator.core.pull import DEFAULT_DEST, pull_config
+        dest = pull_config()[0].get("dest") or DEFAULT_DEST
+    return Path(dest).expanduser().resolve()
+
+
+def _move(old: dict, new: dict, jobs: list[dict], dest: Path, submit, progress) -> tuple[list, list, Any]:
+    """Re-push the code, upload each job's pulled artifacts (verified on arrival), submit."""
+    pairs = relocate.root_pairs(old, new)
+    run_root = (new.get("state_dir") or "~/.gpurun").rstrip("/") + "/runs/"
+    plans = {j["id"]: relocate.restore_plan(j, dest, run_root + j["id"], pairs) for j in jobs}
+    rows = [relocate.resubmission(j, pairs, old["name"], plans[j["id"]]) for j in jobs]
+    restored = [{"job": j["id"], "checkpoint_step": plans[j["id"]]["step"],
+                 "resume_from": plans[j["id"]]["resume_from"], "files": len(plans[j["id"]]["files"])}
+                for j in jobs]
+    if submit is not None:
+        res = submit(new, rows) if rows else {"added": [], "present": []}
+        return list(res.get("added", [])) + list(res.get("present", [])), restored, None
+    from orchestrator.core.session import open_session
+    with open_session(host=new) as s:
+        code = relocate.repush_code(old["name"], s, pairs)
+        for r in restored:
+            files = plans[r["job"]]["files"]
+            if files:
+                progress(f"restoring {len(files)} file(s) of job {r['job']} to {new['name']}")
+            r["bytes"] = relocate.upload(s, files)
+        res = s.call("submit", {"jobs": rows}) if rows else {"added": [], "present": []}
+    return list(res.get("added", [])) + list(res.get("present", [])), restored, code
 
 
 def _next_name(name: str) -> str:
@@ -142,26 +211,20 @@ def _next_name(name: str) -> str:
     return f"{base}-r{int(n) + 1}" if base and n.isdigit() else f"{name}-r1"
 
 
-def _jobs_from(entry: dict) -> list[dict]:
-    """The old host's job table, if its agent still answers; else nothing to move."""
-    try:
-        from orchestrator.core.session import open_session
-        with open_session(host=entry) as s:
-            return list(s.call("status", {}, timeout=30).get("jobs", []))
-    except OperationalError:
-        return []
-
-
-def _resubmit(job: dict) -> dict:
-    keep = ("id", "name", "command", "cwd", "env", "gpus", "retries", "timeout_s", "metrics",
-            "checkpoints", "source")
-    return {k: job.get(k) for k in keep if k in job}
-
-
-def _submit(entry: dict, jobs: list[dict]) -> dict:
-    from orchestrator.core.session import open_session
-    with open_session(host=entry) as s:
-        return s.call("submit", {"jobs": jobs})
+def _jobs_from(entry: dict, det: dict) -> tuple[list[dict], str]:
+    """The lost box's job table: from its agent only while the provider says it runs and it
+    answers, else from the controller snapshot (a dead box is never waited on)."""
+    snap = {j["id"]: j for j in snapshot.jobs(entry["name"])}
+    if det.get("provider_state") == "running" and det.get("ssh_reachable"):
+        try:
+            from orchestrator.core.session import open_session
+            with open_session(host=entry) as s:
+                live = list(s.call("status", {}, timeout=30).get("jobs", []))
+            # status has no env/source: the snapshot kept them from the submit
+            return [dict({k: v for k, v in snap.get(j["id"], {}).items()}, **j) for j in live], "agent"
+        except OperationalError:
+            pass
+    return list(snap.values()), "snapshot"
 
 
 def poll_instances(provider: Provider, ids: list[str]) -> dict[str, Instance]:

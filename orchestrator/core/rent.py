@@ -38,7 +38,10 @@ def provider_for(profile_name: str, **kwargs) -> tuple[Provider, Any]:
     from orchestrator.profiles import load_profile
     prof = load_profile(profile_name)
     api = prof.get("api")
-    canon = canonical_name(prof.name) or canonical_name(prof.get("extends") or "")
+    # a user profile that ``extends`` a provider's profile rents through that provider; the
+    # first layer is the shipped file it was built on
+    base = os.path.splitext(os.path.basename(prof.layers[0]))[0] if getattr(prof, "layers", None) else ""
+    canon = canonical_name(prof.name) or canonical_name(prof.get("extends") or "") or canonical_name(base)
     if not api or canon is None:
         raise Unsupported(f"profile {prof.name!r} has no provider API gpurun can rent through",
                           hint="rent the box by hand and add it with `gpurun host add NAME --ssh user@host:port`")
@@ -165,16 +168,25 @@ def _profile(name: str) -> Any:
 
 def host_entry(name: str, prof: Any, inst: Instance, offer: Offer, ssh_key: str | None) -> dict:
     """The inventory entry for a rented box; ``instance`` ties it to the provider."""
-    ssh = {"user": inst.ssh_user, "hostname": inst.ssh_host, "port": inst.ssh_port,
+    # the profile's ssh.user wins over the provider's default login (custom images, own users)
+    ssh = {"user": prof.get("ssh.user") or inst.ssh_user, "hostname": inst.ssh_host, "port": inst.ssh_port,
            "key": os.path.abspath(os.path.expanduser(ssh_key)) if ssh_key else None,
            "proxy_jump": None, "alias": None}
     return {"name": name, "profile": prof.name, "kind": "ssh", "ssh": ssh, "python": "python3",
-            "state_dir": prof.get("paths.state_dir") or "~/.gpurun",
-            "workdir": prof.get("paths.workdir") or "~/gpurun-work",
+            "state_dir": _prof_path(prof, "state_dir", name) or "~/.gpurun",
+            "workdir": _prof_path(prof, "workdir", name) or "~/gpurun-work",
             "slots": max(1, offer.count), "expect_gpus": offer.count,
             "instance": {"provider": inst.provider, "id": inst.id, "price_per_hour": offer.price_per_hour,
                          "currency": offer.currency, "spot": offer.spot, "gpu": offer.gpu,
                          "count": offer.count, "rented_at": time.time()}}
+
+
+def _prof_path(prof: Any, key: str, host: str) -> str | None:
+    """``paths.KEY`` with ``{host}`` filled in (per-box dirs on storage several boxes share)."""
+    try:
+        return prof.path(key, host=host) or None
+    except (AttributeError, KeyError, TypeError):
+        return prof.get(f"paths.{key}")
 
 
 def _run_setup(prof: Any, entry: dict, progress: Callable[[str], None]) -> dict:

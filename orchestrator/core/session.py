@@ -92,6 +92,9 @@ class Session:
                              + " | ".join(tail)[:400], hint) from None
         self.ensured = True
         if reply.get("ok"):
+            if verb in ("submit", "status"):  # keep the controller-side copy for `gpurun recover`
+                from orchestrator.core import snapshot
+                snapshot.record(self.host, verb, req, reply["result"])
             return reply["result"]
         err = reply.get("error", {})
         kind, msg, hint = err.get("kind"), err.get("message", "agent error"), err.get("hint") or None

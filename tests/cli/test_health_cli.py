@@ -51,7 +51,8 @@ def test_watch_once_without_gpu(no_gpu_env):
     assert "local" in res.stdout and "no NVIDIA GPU here" in res.stdout and "no jobs" in res.stdout
     doc = json.loads(gpurun("watch", "--once", "--json").stdout)
     (h,) = doc["hosts"]
-    assert set(h) == {"host", "ok", "error", "elapsed_s", "time", "gpu", "jobs", "findings", "findings_at"}
+    assert set(h) == {"host", "ok", "error", "elapsed_s", "time", "gpu", "jobs", "findings", "findings_at", "cost"}
+    assert h["cost"] is None  # only rented hosts have a price
     assert h["ok"] is True and h["gpu"]["available"] is False and "libnvidia-ml" in h["gpu"]["no_driver"]
 
 

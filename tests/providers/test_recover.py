@@ -67,7 +67,7 @@ def test_restart_policy_starts_the_same_box(fast, monkeypatch, sshd):
         prov, res = rented("runpod", sshd, spot=True)
         fake.preempt(res["instance_id"])
         out = rec.recover(entry_of(res), policy="restart", provider=prov, boot_reader=lambda _: None,
-                          wait_timeout=5)
+                          wait_timeout=5, ensure_agent=False)
         assert out["action"] == "restarted" and fake.state_of(res["instance_id"]) == "running"
         assert fake.routes[("POST", "/pods/{id}/start")] == 1
     finally:
@@ -82,7 +82,8 @@ def test_wait_policy_waits_for_the_provider(fast, monkeypatch, sshd):
         fake.preempt(iid)
         threading.Timer(0.3, lambda: fake.set_status(iid, "pending")).start()   # outbidder leaves
         t0 = time.monotonic()
-        out = rec.recover(entry_of(res), provider=prov, boot_reader=lambda _: None, wait_timeout=5)
+        out = rec.recover(entry_of(res), provider=prov, boot_reader=lambda _: None, wait_timeout=5,
+                          ensure_agent=False)
         assert out["action"] == "waited" and time.monotonic() - t0 >= 0.3
         assert fake.routes.get(("PUT", "/instances/{id}/"), 0) == 0            # no start sent
     finally:
@@ -105,7 +106,7 @@ def test_replace_rents_a_new_box_and_moves_the_queue(fast, monkeypatch, sshd):
                 {"id": "a2", "name": "eval", "command": "python e.py", "state": "queued"},
                 {"id": "a0", "name": "prep", "command": "python p.py", "state": "succeeded"}]
         out = rec.recover(entry_of(res), policy="replace", provider=prov, probe=lambda h, p: h != "x",
-                          boot_reader=lambda _: None, jobs=jobs, submit=submit)
+                          boot_reader=lambda _: None, jobs=jobs, submit=submit, up_kwargs={"setup": False})
         assert out["action"] == "replaced" and out["new_host"] == "vast-box-r1"
         assert out["moved"] == ["a1", "a2"] and sent[0][0] == "vast-box-r1"
         assert "state" not in sent[0][1][0]          # re-submitted as fresh queued jobs

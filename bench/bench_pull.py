@@ -1,6 +1,6 @@
 """Pull throughput, resume bytes and memory over a real loopback sshd (run as root).
 
-    python bench/bench_pull.py [--gb 1] [--rss-gb 10]
+    python bench/bench_pull.py [--gb 1] [--rss-gb 10] [--rounds 3] [--default-cipher]
 
 1. a GB-sized file pulled with gpurun's engine (rsync --append-verify + streamed SHA-256 +
    format check + atomic rename) vs plain ``rsync -a`` over the same SSH link, same run;
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--rss-gb", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--default-cipher", action="store_true",
+                    help="pull with OpenSSH's default cipher order, as plain rsync does (no AES-GCM first)")
     args = ap.parse_args()
     rig = SshdRig()
     rig.start()
@@ -102,7 +104,8 @@ def main() -> None:
             plain_t.append(time.monotonic() - t)
             drop_local(work / "ours")
             t = time.monotonic()
-            res = pull_job(job_for(src, digest), work / "ours", RsyncFetcher(ssh, target), KeepPolicy(), host="b")
+            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher)
+            res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
             ours_t.append(time.monotonic() - t)
             assert res.verified, res.as_dict()
         p, o = min(plain_t), min(ours_t)

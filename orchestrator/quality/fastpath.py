@@ -51,7 +51,14 @@ class Shape:
         if not known:
             self.step_col = -1  # a strict parser would drop these lines: so do we
         body = _NUMG.join(re.escape(s) for s in segs)
-        self.regex = re.compile(r"(?m)^" + body + r"(?:\r\n|\n|\r)")
+        if segs[0]:
+            # literal first, then "at a line start" as a lookbehind: the regex engine then jumps
+            # between occurrences of the literal instead of testing every position for ^
+            head = re.escape(segs[0])
+            body = head + r"(?<![^\n]" + head + ")" + body[len(head):]
+            self.regex = re.compile(body + r"(?:\r\n|\n|\r)")
+        else:
+            self.regex = re.compile(r"(?m)^" + body + r"(?:\r\n|\n|\r)")
 
     @property
     def usable(self) -> bool:
@@ -118,9 +125,11 @@ class FastPath:
                     return False  # below what earlier chunks hold: a restart, keep the order
                 run.unsorted = True  # two shapes feed one series in this chunk: sort later
             targets.append((s, i))
-        for s, i in targets:
-            s.steps.extend(steps)
-            s.values.extend(map(float, cols[i]))
+        # every column converted before any is stored: a bad token leaves the run untouched
+        values = [list(map(float, cols[i])) for _, i in targets]
+        for (s, _), vs in zip(targets, values):
+            s.steps.fromlist(steps)
+            s.values.fromlist(vs)
         if run.first_step is None:
             run.first_step = steps[0]
         run.last_step = steps[-1] if last is None else max(last, steps[-1])

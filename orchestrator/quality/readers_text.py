@@ -181,6 +181,7 @@ class LineSource:
         self.parser = LineParser(strict=(kind == "text"), user_regex=user_regex)
         self.bar_step: Optional[float] = None
         self.fast = None
+        self.scan = None
 
     def poll(self, run: Run) -> str:
         """Read what was appended since the last poll into ``run``; ``"reset"`` if replaced."""
@@ -225,6 +226,14 @@ class LineSource:
             run.settle(marks)
 
     def _slow(self, text: str, run: Run) -> None:
+        if self.parser.user_re is None and len(text) >= 4096:
+            if self.scan is None:
+                from orchestrator.quality.linescan import OrderedScan
+                self.scan = OrderedScan(self.parser)
+            try:
+                return self.scan.scan(text, run, self)
+            except ValueError:
+                pass  # a token the shape regex took for a number is not one: go line by line
         parse = self.parser.parse
         add = run.add_record
         for line in text.splitlines():

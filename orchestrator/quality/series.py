@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
+from itertools import islice
+from operator import gt
 from typing import Dict, Iterable, List, Optional, Tuple
 
 # canonical series name <- raw key (lowercase, stripped). Unknown keys keep their raw name.
@@ -125,12 +127,16 @@ class Run:
             for name, s in self.series.items():
                 m = marks.get(name, 0)
                 st = s.steps
-                if any(st[i] > st[i + 1] for i in range(max(0, m - 1), len(st) - 1)):
-                    pairs = sorted(zip(st[m:], s.values[m:]), key=lambda p: p[0])
-                    del st[m:]
-                    del s.values[m:]
-                    st.extend(p[0] for p in pairs)
-                    s.values.extend(p[1] for p in pairs)
+                tail = st[max(0, m - 1):]
+                if not any(map(gt, tail, islice(tail, 1, None))):
+                    continue
+                new, vals = st[m:].tolist(), s.values[m:].tolist()
+                # a stable sort of positions by step: ties keep their insertion order
+                order = sorted(range(len(new)), key=new.__getitem__)
+                del st[m:]
+                del s.values[m:]
+                st.fromlist([new[i] for i in order])
+                s.values.fromlist([vals[i] for i in order])
             self.unsorted = False
 
     def add_record(self, step: float, values: Iterable[Tuple[str, float]]) -> None:

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from orchestrator.errors import TransportError
 
 CHUNK = 1 << 20
+WRITEBACK = 16 << 20  # start writeback of what the tail hasher has read, every 16 MiB
 Progress = Callable[[int], None]  # called with the partial file's current size
 
 
@@ -124,10 +125,20 @@ class RsyncFetcher:
     method = "rsync"
 
     def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "",
-                 timeout_s: float = 3600.0):
+                 timeout_s: float = 3600.0, fast_cipher: bool = True):
         self.ssh_argv = ssh_argv  # None: the "remote" path is on this machine
         self.target = target      # user@host (or alias) for SSH
         self.timeout_s = timeout_s
+        self.fast_cipher = fast_cipher
+
+    def _ssh_command(self) -> str:
+        argv = list(self.ssh_argv or [])
+        # OpenSSH's default order starts with chacha20-poly1305; with AES instructions AES-GCM
+        # moves bulk data at ~1.8x the rate for the same CPU. Same set of ciphers, so a box
+        # without AES-GCM still negotiates; an explicit choice in the argv wins.
+        if self.fast_cipher and _has_aes() and not any(a == "-c" or "Ciphers" in a for a in argv):
+            argv[1:1] = ["-o", "Ciphers=" + _CIPHERS]
+        return " ".join(shlex.quote(a) for a in argv)
 
     def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
         start = _start_offset(partial, size)
@@ -135,7 +146,7 @@ class RsyncFetcher:
             partial.touch()
         argv = ["rsync", "--append-verify", "--stats", "--no-motd", "-s"]
         if self.ssh_argv is not None:
-            argv += ["-e", " ".join(shlex.quote(a) for a in self.ssh_argv), f"{self.target}:{remote}"]
+            argv += ["-e", self._ssh_command(), f"{self.target}:{remote}"]
         else:
             argv.append(remote)
         argv.append(str(partial))
@@ -174,6 +185,37 @@ class RsyncFetcher:
         return Fetched(digest, have, wire, start)
 
 
+_CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+            "aes128-ctr,aes192-ctr,aes256-ctr")
+_AES: list = []
+
+
+def _has_aes() -> bool:
+    """Does this CPU have AES instructions (x86 AES-NI, ARMv8 crypto)? Unknown: yes on arm64
+    and x86_64 machines of the last decade, so only a /proc/cpuinfo without the flag says no."""
+    if not _AES:
+        try:
+            with open("/proc/cpuinfo") as fh:
+                flags = fh.read(1 << 16)
+            _AES.append(bool(re.search(r"^(flags|Features)\s*:.*\baes\b", flags, re.M)))
+        except OSError:
+            _AES.append(True)
+    return _AES[0]
+
+
+def _range_flusher() -> Optional[Callable[[int, int, int], object]]:
+    """Linux ``sync_file_range(fd, off, n, SYNC_FILE_RANGE_WRITE)``: start writing a range
+    back now, so the fsync before the rename finds little left to do. None elsewhere."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        return lambda fd, off, n: fn(fd, off, n, 2)
+    except (OSError, AttributeError):
+        return None
+
+
 def _die_with_parent() -> None:
     """In the rsync child: SIGKILL it if gpurun dies, so a killed pull never leaves an
     orphan still writing into the partial file the next pull resumes."""
@@ -197,14 +239,19 @@ class _TailHasher:
         self.pos = 0
         self.fh = open(path, "rb")
         self.ino = os.fstat(self.fh.fileno()).st_ino
+        self.flush = _range_flusher()
+        self.flushed = 0
 
     def pump(self, limit: int = 64) -> None:
         for _ in range(limit):
             block = self.fh.read(CHUNK)
             if not block:
-                return
+                break
             self.h.update(block)
             self.pos += len(block)
+        if self.flush is not None and self.pos - self.flushed >= WRITEBACK:
+            self.flush(self.fh.fileno(), self.flushed, self.pos - self.flushed)
+            self.flushed = self.pos
 
     def finish(self) -> tuple[str, int]:
         self.pump(limit=1 << 30)

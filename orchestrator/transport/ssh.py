@@ -14,6 +14,8 @@ import re
 import select
 import shlex
 import socket
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +33,40 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CHUNK = 32768
 _EOF_GRACE_S = 2.0
 _NULL_HANDLER = logging.NullHandler()
+
+
+_IMPORT_LOCK = threading.Lock()
+_LOADED: list = []  # [paramiko] once fully imported
+
+
+class _LazyInvoke:
+    """Stands in for ``invoke`` in paramiko.config, imported on first use (``Match exec``)."""
+
+    def __getattr__(self, attr: str):
+        import invoke
+        return getattr(invoke, attr)
+
+
+def _paramiko():
+    """paramiko, imported without ``invoke``: its config module imports invoke (~40 ms of
+    unittest.mock, asyncio, yaml) only to evaluate ``Match exec``, so it gets it lazily."""
+    if _LOADED:
+        return _LOADED[0]
+    with _IMPORT_LOCK:  # threads (status --all-hosts) wait here for a fully imported module
+        if _LOADED:
+            return _LOADED[0]
+        block = "invoke" not in sys.modules and "paramiko" not in sys.modules
+        if block:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # import invoke -> ImportError
+        try:
+            import paramiko
+        finally:
+            if block and sys.modules.get("invoke", False) is None:
+                del sys.modules["invoke"]
+        if block and getattr(paramiko.config, "invoke", True) is None:
+            paramiko.config.invoke = _LazyInvoke()
+        _LOADED.append(paramiko)
+    return paramiko
 
 
 class _Retry(Exception):
@@ -71,6 +107,7 @@ class SSHTransport:
 
     def __init__(self, host_entry: dict, *, known_hosts: str | os.PathLike | None = None,
                  insecure: bool = False, connect_timeout: float = 10):
+        _paramiko()  # before resolve(): ~/.ssh/config parsing imports it too
         self.host = host_entry
         self.name = host_entry.get("name") or "ssh-host"
         self.endpoint: Endpoint = resolve(host_entry.get("ssh") or {}, where=f"host {self.name}")
@@ -132,7 +169,7 @@ class SSHTransport:
             sock = None
 
     def _open(self, hop: Endpoint, sock, deadline: float):
-        import paramiko
+        paramiko = _paramiko()
 
         # paramiko's transport thread logs failed handshakes with a traceback; without a
         # handler Python's last-resort handler would print it on the user's terminal.
@@ -219,7 +256,7 @@ class SSHTransport:
     def _channel(self):
         """A fresh session channel. Nothing has been sent yet, so a dead cached connection
         is replaced once."""
-        import paramiko
+        paramiko = _paramiko()
 
         for attempt in (0, 1):
             client = self.connect()
@@ -239,7 +276,7 @@ class SSHTransport:
 
     def _exec(self, command: str, stdin: bytes | IO[bytes] | None,
               timeout: float | None) -> RunResult:
-        import paramiko
+        paramiko = _paramiko()
 
         chan = self._channel()
         try:
@@ -317,7 +354,7 @@ class SSHTransport:
 
     # -- files -----------------------------------------------------------------------
     def sftp(self):
-        import paramiko
+        paramiko = _paramiko()
 
         if self._sftp is None or not self._alive():
             client = self.connect()
@@ -418,6 +455,9 @@ def first_contact(host_entry: dict, *, known_hosts: str | os.PathLike | None = N
 def _tcp_keepalive(sock: socket.socket) -> None:
     # A silently dead link (laptop sleep, NAT drop) is noticed by the kernel in ~25 s.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    # Small SSH messages back to back (channel request, stdin, EOF) would otherwise wait
+    # for the peer's delayed ACK (40 ms on Linux) each time; OpenSSH sets it too.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt, val in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)

@@ -1,0 +1,231 @@
+"""Ordered multi-shape scan for the lines the columnar fast path leaves: one regex pass, in order.
+
+Mixed logs keep lines whose meaning depends on their neighbours (an HF dict line takes its step
+from the tqdm bar before it, or the previous record's step + 1), so they cannot be moved out
+column by column. Instead one alternation regex (the chunk's frequent line shapes, the tqdm bar,
+then "any other line") walks the text with ``findall``; each row is dispatched on which
+alternative matched, and only the "other" lines pay for the generic tokenizer. The results are
+exactly those of ``LineSource``'s per-line loop: same steps, same order, same rewinds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
+
+from orchestrator.quality.fastpath import _NUMG
+from orchestrator.quality.readers_text import _KNOWN, _METRICISH, NUM_SPLIT, LineParser, _key_of
+from orchestrator.quality.series import MAX_SERIES, STEP_KEYS, SYNONYMS, Run, Series
+
+# every separator str.splitlines() breaks on, so each row is exactly one splitlines() line
+_BRK = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_EOL = r"(?:\r\n|[%s]|\Z)" % re.escape(_BRK)
+_LINE = r"[^%s]" % re.escape(_BRK)
+_NUMX = "(?:%s)" % _NUMG[1:-1]  # the same number, not captured
+# a bar line as the per-line loop sees it: "%|" and no "{" in the line, TQDM_STEP's first match
+_BAR = (r"(?=[^{%s]*%%\|)[^{%s]*?\|(?:(?![%s])\s)*(\d+)/(\d+) \[[^{%s]*" % ((re.escape(_BRK),) * 4)) + _EOL
+SAMPLE = 400
+MAX_SHAPES = 6
+SKIP, STEPPED, STEPLESS = 0, 1, 2
+
+
+def plan_of(segs: Tuple[str, ...], parser: LineParser):
+    """What ``LineParser.parse`` makes of every line of this shape, or None when that depends on
+    more than the tokens (``[e][i/n]`` stands in for the step, a tqdm bar)."""
+    if any("%|" in s for s in segs):
+        return None
+    step_col, rank, planned_col, prev_key = -1, 0, -1, False
+    epochs: List[int] = []
+    known = not parser.strict
+    vals: List[Tuple[int, str]] = []
+    for i, seg in enumerate(segs[:-1]):
+        raw = _key_of(seg)
+        if not raw:
+            if prev_key and seg.strip() == "/" and planned_col < 0:
+                planned_col = i
+            prev_key = False
+            continue
+        prev_key = False
+        name = SYNONYMS.get(raw, raw)
+        if raw in STEP_KEYS:
+            r = STEP_KEYS[raw]
+            if step_col < 0 or (r > rank and rank < 3):
+                step_col, rank, prev_key = i, r, True
+            continue
+        if raw == "epoch":
+            epochs.append(i)
+            continue
+        if not known and (name in _KNOWN or any(m in name for m in _METRICISH)):
+            known = True
+        vals.append((i, name))
+    if not vals or not known:
+        return (SKIP, -1, -1, (), ())
+    if step_col < 0 and any("][" in s for s in segs):
+        return None
+    if step_col >= 0:
+        epochs = []  # parse() only falls back to an integer epoch when there is no step
+    return (STEPPED if step_col >= 0 else STEPLESS, step_col, planned_col, tuple(vals), tuple(epochs))
+
+
+class OrderedScan:
+    """Per-source cache of the combined regex for the leftover lines of a chunk."""
+
+    def __init__(self, parser: LineParser):
+        self.parser = parser
+        self.cache: Dict[Tuple, Tuple] = {}
+
+    def _compile(self, text: str):
+        counts: Counter = Counter()
+        for line in text[:SAMPLE * 300].splitlines()[:SAMPLE]:
+            if "%|" not in line:
+                parts = NUM_SPLIT(line)
+                if len(parts) >= 3:
+                    counts[tuple(parts[0::2])] += 1
+        shapes = []
+        for segs, n in counts.most_common(MAX_SHAPES):
+            if n < 4:
+                break
+            plan = plan_of(segs, self.parser)
+            if plan is not None:
+                shapes.append((segs, plan))
+        key = tuple(s for s, _ in shapes)
+        got = self.cache.get(key)
+        if got is None:
+            if len(self.cache) > 64:
+                self.cache.clear()
+            skips, alts, handlers, g = [], [], [], 0
+            for segs, plan in shapes:
+                if plan[0] == SKIP:  # no effect at all: consumed ahead of the next row, no row
+                    skips.append(_NUMX.join(re.escape(s) for s in segs) + _EOL)
+                    continue
+                alts.append(_NUMG.join(re.escape(s) for s in segs) + _EOL)
+                handlers.append((g,) + plan)
+                g += len(segs) - 1
+            alts += [_BAR, "(%s*)%s" % (_LINE, _EOL)]
+            pre = "(?:%s)*" % "|".join(skips) if skips else ""
+            got = self.cache[key] = (re.compile(pre + "(?:%s)" % "|".join(alts)), handlers, g)
+        return got
+
+    def scan(self, text: str, run: Run, src) -> None:
+        """Feed ``text`` (whole lines) into ``run``; ``src`` holds bar_step. Raises ValueError
+        (before touching ``run``) when a token is not a number after all."""
+        regex, handlers, gb = self._compile(text)
+        go = gb + 2
+        parse = self.parser.parse
+        merging = run.merging
+        last, first, planned, bar = run.last_step, run.first_step, run.planned_steps, src.bar_step
+        unsorted = False
+        records = 0
+        seg: Dict[str, Tuple[list, list]] = {}
+        segments: List[Tuple[Optional[float], Dict[str, Tuple[list, list]]]] = [(None, seg)]
+
+        def bind(seg):
+            # per handler: [first group, kind, step group, planned group, epoch groups, value
+            # columns]; the columns [(group, steps.append, values.append)] are made on first use
+            # so series appear in the order the per-line loop would create them
+            return [[g0, kind, g0 + sc, g0 + pc if pc >= 0 else -1, tuple(g0 + e for e in epochs), None, vals]
+                    for g0, kind, sc, pc, vals, epochs in handlers]
+
+        def columns(h, seg):
+            cols = []
+            for c, name in h[6]:
+                b = seg.get(name)
+                if b is None:
+                    b = seg[name] = ([], [])
+                cols.append((h[0] + c, b[0].append, b[1].append))
+            h[5] = cols
+            return cols
+
+        bound = bind(seg)
+        for row in regex.findall(text):
+            for h in bound:
+                if row[h[0]]:
+                    break
+            else:
+                if row[gb]:  # a tqdm bar: it knows the step the next HF dict line leaves out
+                    bar = float(row[gb])
+                    if not planned:
+                        planned = float(row[gb + 1])
+                    continue
+                line = row[go]
+                if not line or ("%|" in line and "{" not in line):
+                    continue  # a bar TQDM_STEP does not match: the per-line loop ignores it too
+                rec = parse(line)
+                if rec is None:
+                    continue
+                step, pairs, pl = rec
+                if pl and not planned:
+                    planned = pl
+                if step is None:
+                    if bar is not None:
+                        step, bar = bar, None
+                    else:
+                        step = (last + 1) if last is not None else 0.0
+                if last is not None and step < last:
+                    if merging:
+                        unsorted = True
+                    else:
+                        seg = {}
+                        segments.append((step, seg))
+                        bound = bind(seg)
+                elif last is None:
+                    first = step
+                last = step
+                for name, v in pairs:
+                    b = seg.get(name)
+                    if b is None:
+                        b = seg[name] = ([], [])
+                    b[0].append(step)
+                    b[1].append(v)
+                records += 1
+                continue
+            g0, kind, sg, pg, epochs, cols, _ = h
+            if kind == STEPPED:
+                step = float(row[sg])
+            else:
+                step = None
+                for e in epochs:  # an integer epoch is the step of a line without one
+                    if "." not in row[e]:
+                        step = float(row[e])
+                if step is None:
+                    if bar is not None:  # a bar that went backwards is a restart
+                        step, bar = bar, None
+                    else:
+                        step = (last + 1) if last is not None else 0.0
+            if pg >= 0 and not planned:
+                planned = float(row[pg]) or planned
+            if last is not None and step < last:
+                if merging:
+                    unsorted = True
+                else:
+                    seg = {}
+                    segments.append((step, seg))
+                    bound = bind(seg)
+                    h = next(b for b in bound if b[0] == g0)
+                    cols = None
+            elif last is None:
+                first = step
+            last = step
+            for c, add_s, add_v in cols or columns(h, seg):
+                add_s(step)
+                add_v(row[c])
+            records += 1
+        # numbers first (a bad token raises here, with the run untouched), then commit
+        conv = [(rw, [(n, st, list(map(float, vs))) for n, (st, vs) in s.items()]) for rw, s in segments]
+        series = run.series
+        for rw, cols in conv:
+            if rw is not None:
+                run.rewind(rw)
+            for name, st, vs in cols:
+                s = series.get(name)
+                if s is None:
+                    if len(series) >= MAX_SERIES:
+                        continue
+                    s = series[name] = Series(name)
+                s.steps.fromlist(st)
+                s.values.fromlist(vs)
+        run.last_step, run.first_step, run.planned_steps = last, first, planned
+        run.unsorted = run.unsorted or unsorted
+        run.records += records
+        src.bar_step = bar

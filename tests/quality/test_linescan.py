@@ -1,0 +1,102 @@
+"""The ordered multi-shape scan gives exactly what the per-line loop gives, on hostile mixed logs."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from orchestrator.quality import linescan, readers_text
+from orchestrator.quality.sources import Tracker
+
+
+def _write_mixed(path, seed: int, n: int = 6000, term: str = "\n") -> None:
+    rng = random.Random(seed)
+    step = 0
+    with open(path, "w", newline="") as f:
+        for i in range(n):
+            if rng.random() < 0.002:
+                step = max(0, step - rng.randint(1, 200))  # a resumed run rewinds
+            step += 1
+            loss = 2 + rng.random()
+            k = rng.randrange(11)
+            if k < 4:
+                f.write("iter %d: loss %.4f, time %.2fms, mfu 41.2%%%s" % (step, loss, 100 + rng.random(), term))
+            elif k < 6:  # HF dict lines: no step; an integer epoch stands in for one
+                f.write("{'loss': %.4f, 'grad_norm': %s, 'learning_rate': %.3e, 'epoch': %s}%s"
+                        % (loss, rng.choice(["1.5", "nan", "inf"]), 3e-4, rng.choice(["0.01", "1.25"]), term))
+            elif k < 7:
+                f.write(" 24%%|##4       | %d/%d [3:15:13<10:06:35,  4.59s/it]%s" % (step, 9999, term))
+            elif k < 8:
+                f.write(" iteration %8d/ %d | lm loss: %.6E | loss scale: 65536.0 |%s" % (step, 9999, loss, term))
+            elif k < 9:
+                f.write("[%d][%d/100] loss: %.3f%s" % (1 + step // 100, step % 100, loss, term))
+            elif k < 10:
+                f.write(term)
+            else:
+                f.write("2024-01-01 12:00:00 INFO saving shard %d of the cache%s" % (i, term))
+
+
+def _snapshot(path):
+    tr = Tracker([str(path)])
+    run = tr.update()
+    series = {k: (list(s.steps), [repr(v) for v in s.values]) for k, s in run.series.items()}
+    return series, run.restarts, run.planned_steps, run.first_step, run.last_step, run.records
+
+
+def _per_line(monkeypatch, path):
+    def decline(self, text, run, src):
+        raise ValueError("use the per-line loop")
+    with monkeypatch.context() as m:
+        m.setattr(linescan.OrderedScan, "scan", decline)
+        return _snapshot(path)
+
+
+@pytest.mark.parametrize("seed,term,chunk", [(1, "\n", 8 << 20), (2, "\r\n", 8 << 20), (3, "\n", 9000),
+                                             (4, "\r", 9000), (5, "\n", 5000)])
+def test_scan_matches_per_line_loop(tmp_path, monkeypatch, seed, term, chunk):
+    p = tmp_path / "train.log"
+    _write_mixed(p, seed, term=term)
+    monkeypatch.setattr(readers_text, "CHUNK", chunk)
+    fast = _snapshot(p)
+    slow = _per_line(monkeypatch, p)
+    assert fast == slow
+    series = fast[0]
+    assert len(series["loss"][0]) > 1000 and "grad_norm" in series and "loss_scale" in series
+    assert any(v == "nan" for v in series["grad_norm"][1])
+
+
+def test_scan_order_of_stepless_lines_and_bars(tmp_path):
+    p = tmp_path / "hf.log"
+    lines = []
+    for s in range(1, 400):
+        lines.append(" 50%%|#####     | %d/800 [00:01<00:01,  9.1it/s]" % s)
+        if s % 2 == 0:
+            lines.append("{'loss': %.3f, 'learning_rate': 1e-4, 'epoch': 0.5}" % (3 - s / 400))
+    p.write_text("\n".join(lines) + "\n")
+    run = Tracker([str(p)]).update()
+    loss = run.get("loss")
+    assert list(loss.steps) == [float(s) for s in range(2, 400, 2)]  # each takes the bar before it
+    assert run.planned_steps == 800 and not run.restarts
+
+
+def test_integer_epoch_is_the_step_of_stepless_lines(tmp_path, monkeypatch):
+    p = tmp_path / "keras.log"
+    p.write_text("".join("{'loss': %.4f, 'val_loss': %.4f, 'epoch': %d}\n" % (2 - e / 1e3, 2.1, e)
+                         for e in range(1, 3001)))
+    fast = _snapshot(p)
+    assert fast == _per_line(monkeypatch, p)
+    assert fast[0]["loss"][0] == [float(e) for e in range(1, 3001)]
+
+
+def test_bad_token_in_dominant_shape_leaves_run_consistent(tmp_path, monkeypatch):
+    p = tmp_path / "odd.log"
+    rows = ["step %d loss %.3f" % (s, 3 - s / 1e4) for s in range(5000)]
+    rows[2500] = "step 2500 loss 1.2.3"  # the shape regex takes it, float() does not
+    p.write_text("\n".join(rows) + "\n")
+    fast = _snapshot(p)
+    assert fast == _per_line(monkeypatch, p)
+    steps, values = fast[0]["loss"]
+    assert len(steps) == len(values) and 4998 <= len(steps) <= 5000
+    assert all(not math.isnan(float(v)) for v in values)

@@ -206,7 +206,7 @@ class Daemon:
         self.stop = True
 
     @staticmethod
-    def _periodic_runner(store: Store, runner: Runner, config: dict, state_dir: str) -> "Periodic":
+    def _periodic_runner(store: Store, runner: Runner, config: dict, state_dir: str):
         from orchestrator.agent.periodic import Periodic
         return Periodic(_Ctx(state_dir, store, config, runner))
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 try:  # fcntl is POSIX-only; the agent runs on Linux, tests may not.
     import fcntl

@@ -10,7 +10,6 @@ The online API is used only when the optional ``wandb`` package is importable.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import zlib
 from typing import Dict, Iterable, List, Optional, Tuple

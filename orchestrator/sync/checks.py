@@ -127,10 +127,9 @@ def check_torch(path: Path, scan_limit: int = DEFAULT_SCAN_LIMIT) -> dict[str, A
     """``torch.load(weights_only=True)`` when torch is importable (never the unsafe pickle
     path: a hostile file could otherwise run code); else a structural zip check."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         return _torch_structure(path)
-    import torch
 
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)

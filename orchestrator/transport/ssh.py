@@ -11,11 +11,8 @@ import logging
 import os
 import posixpath
 import re
-import select
 import shlex
 import socket
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,49 +21,14 @@ from typing import IO, Sequence
 from orchestrator.errors import ConnectError, HostKeyError, OperationalError, TransportError
 from orchestrator.transport import hostkeys
 from orchestrator.transport.base import RunResult
+from orchestrator.transport.channel import LinkLost, _paramiko, pump  # noqa: F401 (re-exported)
 from orchestrator.transport.sshconfig import Endpoint, resolve
 
 KEEPALIVE_S = 10          # like ServerAliveInterval=10
 _ATTEMPTS = 3             # connection attempts within one connect_timeout budget
 _BACKOFF = (0.3, 0.9)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CHUNK = 32768
-_EOF_GRACE_S = 2.0
 _NULL_HANDLER = logging.NullHandler()
-
-
-_IMPORT_LOCK = threading.Lock()
-_LOADED: list = []  # [paramiko] once fully imported
-
-
-class _LazyInvoke:
-    """Stands in for ``invoke`` in paramiko.config, imported on first use (``Match exec``)."""
-
-    def __getattr__(self, attr: str):
-        import invoke
-        return getattr(invoke, attr)
-
-
-def _paramiko():
-    """paramiko, imported without ``invoke``: its config module imports invoke (~40 ms of
-    unittest.mock, asyncio, yaml) only to evaluate ``Match exec``, so it gets it lazily."""
-    if _LOADED:
-        return _LOADED[0]
-    with _IMPORT_LOCK:  # threads (status --all-hosts) wait here for a fully imported module
-        if _LOADED:
-            return _LOADED[0]
-        block = "invoke" not in sys.modules and "paramiko" not in sys.modules
-        if block:
-            sys.modules["invoke"] = None  # type: ignore[assignment]  # import invoke -> ImportError
-        try:
-            import paramiko
-        finally:
-            if block and sys.modules.get("invoke", False) is None:
-                del sys.modules["invoke"]
-        if block and getattr(paramiko.config, "invoke", True) is None:
-            paramiko.config.invoke = _LazyInvoke()
-        _LOADED.append(paramiko)
-    return paramiko
 
 
 class _Retry(Exception):
@@ -293,64 +255,12 @@ class SSHTransport:
             chan.close()
 
     def _pump(self, chan, stdin, timeout: float | None) -> RunResult:
-        deadline = time.monotonic() + timeout if timeout else None
-        out: list[bytes] = []
-        err: list[bytes] = []
-        pending = b""
-        source = None
-        if isinstance(stdin, (bytes, bytearray)):
-            pending = bytes(stdin)
-        elif stdin is not None:
-            source = stdin
-        if not pending and source is None:
-            chan.shutdown_write()
-        chan.setblocking(False)
-        quiet_since: float | None = None
-        while True:
-            busy = False
-            if source is not None and not pending:
-                pending = source.read(_CHUNK)
-                if not pending:
-                    source = None
-                    chan.shutdown_write()
-            if pending and chan.send_ready():
-                try:
-                    n = chan.send(pending[:_CHUNK])
-                except (OSError, EOFError):  # remote closed its stdin early
-                    n, pending, source = 0, b"", None
-                pending = pending[n:]
-                busy = True
-                if not pending and source is None:
-                    chan.shutdown_write()
-            while chan.recv_ready():
-                out.append(chan.recv(65536))
-                busy = True
-            while chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(65536))
-                busy = True
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                # sshd sends exit-status as soon as the command exits, possibly before all
-                # of its output; EOF marks the end. A background child still holding
-                # stdout would delay EOF forever, so stop after a quiet grace period.
-                if chan.eof_received or chan.closed:
-                    break
-                if busy or quiet_since is None:
-                    quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since > _EOF_GRACE_S:
-                    break
-            if deadline is not None and time.monotonic() > deadline:
-                raise TransportError(f"{self.name}: command timed out after {timeout:g}s",
-                                     hint="it may still be running on the box")
-            if not busy:
-                select.select([chan], [], [], 0.02 if pending else 0.05)
-        code = chan.recv_exit_status()
-        transport = chan.get_transport()
-        if code == -1 and (transport is None or not transport.is_active()):
+        try:
+            return pump(chan, stdin, timeout, self.name)
+        except LinkLost:
             self._drop()
             raise TransportError(f"{self.name}: connection lost while a command ran",
-                                 hint="the command may have run; check state before repeating")
-        return RunResult(code, b"".join(out).decode("utf-8", "replace"),
-                         b"".join(err).decode("utf-8", "replace"))
+                                 hint="the command may have run; check state before repeating") from None
 
     # -- files -----------------------------------------------------------------------
     def sftp(self):

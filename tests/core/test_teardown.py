@@ -4,7 +4,6 @@ the in-instance meter-stop command, plain-words description and the decision log
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 

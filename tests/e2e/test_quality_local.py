@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, kill_agents_under, status_json, wait_terminal
+from rigs.agents import gpurun, kill_agents_under, wait_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("numpy")

@@ -92,6 +92,15 @@ def _tail(path: str) -> str:
         return ""
 
 
+def metrics_path(job: Dict[str, Any]) -> Optional[str]:
+    """The job's declared metrics file, else ``metrics.jsonl`` in its run dir when present
+    (the convention of the example trainer and of many training scripts)."""
+    if job.get("metrics"):
+        return job["metrics"]
+    cand = os.path.join(job.get("run_dir") or "", "metrics.jsonl")
+    return cand if job.get("run_dir") and os.path.isfile(cand) else None
+
+
 def read_progress(metrics: Optional[str], log: Optional[str]) -> Tuple[Optional[int], Optional[float]]:
     """Last (step, loss): from the metrics JSONL's last record, else ``step N`` / ``loss=x`` in the log."""
     step = loss = None
@@ -140,12 +149,13 @@ def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Se
                 marker = env.get("GPURUN_JOB_ID") == str(job["id"])
     tree = system.descendants([int(pid)], kids) if alive else set()
     log_size, log_mtime = _stat(job.get("log"))
-    met_size, met_mtime = _stat(job.get("metrics"))
+    metrics = metrics_path(job)
+    met_size, met_mtime = _stat(metrics)
     _, ck_mtime = _stat(job.get("checkpoints"))
     if (log_size, met_size) == (prev.get("log_size"), prev.get("metrics_size")) and "step" in prev:
         step, loss = prev.get("step"), prev.get("loss")
     else:
-        step, loss = read_progress(job.get("metrics"), job.get("log"))
+        step, loss = read_progress(metrics, job.get("log"))
     return {"job_id": str(job["id"]), "pid": pid, "alive": alive and marker is not False,
             "pid_reused": alive and marker is False, "tree": sorted(tree),
             "holds_gpu": bool(tree & gpu_holders), "gpu_ids": list(job.get("gpu_ids") or []),

@@ -57,7 +57,7 @@ def main() -> None:
     t2, _ = cli(env, "queue", "submit", str(q))
     out["resubmit_%d_noop_s" % a.jobs] = t2
     out["status_json_%d_jobs_s" % a.jobs] = median_of(env, 5, "queue", "status", "--json")
-    cli(env, "queue", "cancel", "--all")
+    cli(env, "queue", "cancel", "--all", "--yes")
 
     # idle agent: no queued or running work
     time.sleep(2)

@@ -198,21 +198,36 @@ def logs(job: str, host: str | None, follow: bool, tail_kb: int) -> None:
 @queue.command()
 @click.argument("jobs", nargs=-1)
 @HOST_OPT
-@click.option("--all", "all_", is_flag=True, help="Cancel every queued and running job.")
+@click.option("--all", "all_", is_flag=True, help="Cancel every queued and running job (asks first).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before cancelling running jobs with --all.")
 @click.option("--json", "as_json", is_flag=True)
-def cancel(jobs: tuple[str, ...], host: str | None, all_: bool, as_json: bool) -> None:
+def cancel(jobs: tuple[str, ...], host: str | None, all_: bool, yes: bool, as_json: bool) -> None:
     """Cancel jobs: queued ones at once, running ones with TERM then KILL after a grace."""
     from orchestrator.core.session import open_session
     from orchestrator.errors import BadInput
     if not jobs and not all_:
         raise BadInput("name the job(s) to cancel, or pass --all", "e.g. `gpurun queue cancel 3` or `--all`")
     with open_session(host) as s:
+        if all_ and not yes:
+            running = [j for j in s.call("status", {})["jobs"] if j["state"] == "running"]
+            if running:
+                _confirm_kill(s.host["name"], running)
         res = s.call("cancel", {"jobs": list(jobs), "all": all_})
     if as_json:
         emit_json(res)
         return
     for c in res["cancelled"] or [{"name": "(none)", "result": "nothing to cancel"}]:
         click.echo(f"{c['name']}: {c['result']}")
+
+
+def _confirm_kill(host: str, running: list[dict]) -> None:
+    """Killing every running job is the user's call: ask on a terminal, refuse without one."""
+    from orchestrator.errors import BadInput
+    names = ", ".join(j["name"] for j in running[:5]) + (" ..." if len(running) > 5 else "")
+    if not sys.stdin.isatty():
+        raise BadInput(f"--all would stop {len(running)} running job(s) on {host} ({names})",
+                       "add --yes to confirm, or name the jobs to cancel")
+    click.confirm(f"Stop {len(running)} running job(s) on {host} ({names})?", abort=True)
 
 
 @queue.command()

@@ -57,3 +57,22 @@ def test_from_skips_jobs_not_lines(home, tmp_path):
     res = gpurun("queue", "submit", str(q), "--from", "3", "--wait", "--json")
     assert res.returncode == 0, res.stderr
     assert [j["name"] for j in json.loads(res.stdout)["jobs"]] == ["c", "d"]
+
+
+def test_cancel_all_asks_before_stopping_running_jobs(home, tmp_path):
+    import time
+    q = tmp_path / "q.txt"
+    q.write_text("[name=long] sleep 60\n[name=later] true\n")
+    assert gpurun("queue", "submit", str(q)).returncode == 0
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        jobs = {j["name"]: j for j in json.loads(gpurun("queue", "status", "--json").stdout)["jobs"]}
+        if jobs["long"]["state"] == "running":
+            break
+        time.sleep(0.2)
+    res = gpurun("queue", "cancel", "--all")        # no terminal here: refuse, change nothing
+    assert res.returncode == 2 and "--yes" in _one_error(res) and "long" in res.stderr
+    jobs = {j["name"]: j for j in json.loads(gpurun("queue", "status", "--json").stdout)["jobs"]}
+    assert jobs["long"]["state"] == "running" and jobs["later"]["state"] == "queued"
+    res = gpurun("queue", "cancel", "--all", "--yes")
+    assert res.returncode == 0 and "long: stopping" in res.stdout and "later: cancelled" in res.stdout

@@ -86,7 +86,7 @@ def test_watch_shows_gpus_and_a_running_job(home, tmp_path, monkeypatch):
     assert jobs[0]["gpu_ids"] == [0]
     text = gpurun("watch", "--once").stdout
     assert "running" in text and "93%" in text and "71C" in text
-    gpurun("queue", "cancel", "--all")
+    gpurun("queue", "cancel", "--all", "--yes")
 
 
 def test_watch_unknown_host_is_bad_input(home):

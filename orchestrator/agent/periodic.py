@@ -28,7 +28,7 @@ class Periodic:
         ladder = (cfg.get("quality") or {}).get("intervals_s") or [600]
         q_every = max(1.0, min(30.0, float(min(ladder))))
         for name, every, fn in (("watchdog", interval, self.watchdog), ("quality", q_every, self.quality),
-                                ("autostop", auto_every, self.autostop)):
+                                ("autostop", auto_every, self.autostop), ("notify", 5.0, self.notify)):
             if now >= self.due.get(name, 0.0):
                 self.due[name] = now + every
                 try:
@@ -43,6 +43,12 @@ class Periodic:
         except ImportError:
             return
         watchdog_hook.tick(self.ctx)
+
+    def notify(self, now: float) -> None:
+        if not self.ctx.config.get("notify"):
+            return
+        from orchestrator.agent import watchdog_hook
+        watchdog_hook.flush_notifications(self.ctx, now)
 
     def quality(self, now: float) -> None:
         try:

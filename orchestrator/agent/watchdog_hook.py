@@ -209,7 +209,17 @@ def tick(ctx: Any, now: Optional[float] = None, the_probe: Any = None,
     ctx.store.kv_set(FINDINGS_KEY, {"at": now, "findings": findings, "host": {
         k: host[k] for k in ("cgroup", "disks", "boot_id")}, "jobs": {o["job_id"]: {
             "step": o["step"], "loss": o["loss"], "alive": o["alive"]} for o in obs}})
-    _queue_done(ctx, now)
+    flush_notifications(ctx, now)
+    return actions
+
+
+def flush_notifications(ctx: Any, now: Optional[float] = None) -> None:
+    """Record queue-done and send new events. Cheap (events since the last id), so the
+    daemon also calls it every few seconds: a failed job is reported within seconds, not
+    at the next watchdog tick."""
+    from orchestrator.agent import notify
+
+    _queue_done(ctx, time.time() if now is None else now)
     try:
         notifier = notify.notifier_for(ctx.state_dir, ctx.config)
     except ValueError as exc:
@@ -218,4 +228,3 @@ def tick(ctx: Any, now: Optional[float] = None, the_probe: Any = None,
             ctx.store.add_event(None, "notify_config", "error", "notifications off: %s" % exc, {"notify": False})
         notifier = None
     _forward(ctx, notifier)
-    return actions

@@ -1,6 +1,7 @@
 """Use case ``down``: the teardown gate. The meter stops only when every job is terminal and
 every declared artifact is at home, re-read and matching the host's SHA-256 (or verified in
-S3); each decision is appended to ``data_home()/teardown.jsonl``.
+S3); each decision is appended to ``data_home()/teardown.jsonl``. The judgement from home
+records when the box cannot be reached lives in ``teardown_offline.py``.
 """
 
 from __future__ import annotations
@@ -29,18 +30,30 @@ class Assessment:
     superseded: list[str] = field(default_factory=list)  # not kept by pull.keep_latest: lost on destroy
     files: int = 0
     bytes: int = 0
+    basis: str = "live"                    # "live": the agent's manifest; "offline": home records
+    unreachable: Optional[str] = None      # offline: why the agent could not be reached
+    provider_state: Optional[str] = None   # offline: the provider's word on the instance, if any
+    last_pull_at: Optional[float] = None   # offline: the oldest of the jobs' last verified pulls
+    snapshot_at: Optional[float] = None    # offline: when the job list at home was last refreshed
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.blockers and not self.missing
 
+    @property
+    def offline(self) -> bool:
+        return self.basis == "offline"
+
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "dest": self.dest, "ok": self.ok, "jobs": self.jobs,
                 "blockers": self.blockers, "missing": self.missing, "superseded": self.superseded,
-                "verified_files": self.files, "verified_bytes": self.bytes}
+                "verified_files": self.files, "verified_bytes": self.bytes, "basis": self.basis,
+                "unreachable": self.unreachable, "provider_state": self.provider_state,
+                "last_pull_at": self.last_pull_at, "snapshot_at": self.snapshot_at, "notes": self.notes}
 
 
-def _file_home(rec: JobRecord, f: dict) -> Optional[str]:
+def file_home(rec: JobRecord, f: dict) -> Optional[str]:
     """How a manifest file is safe at home: "local" (bytes re-read now), "s3", or None."""
     final = rec.final_path(f["path"])
     if final.is_file() and final.stat().st_size == f["size"]:
@@ -72,7 +85,7 @@ def assess(session: Any, dest: Path, policy: Optional[KeepPolicy] = None) -> Ass
         keep, gone, _ = policy.split(job["files"], metrics)
         out.superseded += [f"{job['id']}/{f['path']}" for f in gone]
         for f in keep:
-            where = _file_home(rec, f)
+            where = file_home(rec, f)
             if where is None:
                 out.missing.append(f"{job['id']}/{f['path']}")
                 row["missing"] += 1
@@ -124,13 +137,17 @@ def plain_lines(verb: dict) -> list[str]:
     return lines
 
 
-def execute(session: Any, verb: dict) -> dict[str, Any]:
+def execute(session: Any, verb: dict, offline: bool = False,
+            provider_state: Optional[str] = None) -> dict[str, Any]:
     """Stop the meter where gpurun can: the provider API (``core.rent``), else the
     profile's in-instance command (started detached, since it may end the SSH session),
-    else say exactly what to click. Returns ``{"how", "detail"}``."""
+    else say exactly what to click. ``offline``: the box cannot be reached, so only the API
+    (or the console) can act. Returns ``{"how", "detail"}``."""
     host = session.host
     if verb["no_meter"]:
         return {"how": "none", "detail": "no meter to stop on this host"}
+    if offline and provider_state == "terminated":
+        return {"how": "none", "detail": "the provider says the instance is already terminated"}
     if host.get("instance") or host.get("instance_id"):
         try:
             from orchestrator.core import rent
@@ -139,6 +156,9 @@ def execute(session: Any, verb: dict) -> dict[str, Any]:
         if rent is not None and hasattr(rent, "stop_or_terminate"):
             res = rent.stop_or_terminate(host["name"], yes=True)
             return {"how": "api", "detail": res}
+    if offline:
+        return {"how": "manual", "detail": "the box cannot be reached, so its in-instance command cannot "
+                "run; " + (verb["console"] or verb["api"] or "stop it the way its owner does")}
     if verb["command"]:
         cmd = verb["command"]
         wrapped = f"nohup sh -c {shlex.quote('sleep 2; ' + cmd)} >/dev/null 2>&1 </dev/null &"
@@ -161,8 +181,18 @@ def record(entry: dict[str, Any]) -> Path:
 
 
 def refusal(a: Assessment) -> GateRefused:
+    if a.blockers and a.offline:
+        return GateRefused(f"{a.host} (unreachable): {len(a.blockers)} job(s) may still be running: "
+                           + "; ".join(a.blockers[:3]),
+                           "wait until the box answers again, or `gpurun recover` it; the gate stops "
+                           "the meter offline only when the provider says the box is down")
     if a.blockers:
         return GateRefused(f"{a.host}: {len(a.blockers)} job(s) not finished: " + "; ".join(a.blockers[:3]),
                            "wait for them (`gpurun queue status`) or cancel them (`gpurun queue cancel`)")
+    if a.offline:
+        return GateRefused(f"{a.host} (unreachable): {len(a.missing)} item(s) without a verified pull at home, "
+                           f"e.g. {a.missing[0]}",
+                           "nothing can be pulled from the box now; --without-artifacts (typed confirmation) "
+                           "accepts losing them")
     return GateRefused(f"{a.host}: {len(a.missing)} artifact(s) not verified at home, e.g. {a.missing[0]}",
                        f"run `gpurun pull --host {a.host}` (or --without-artifacts to accept losing them)")

@@ -104,16 +104,9 @@ def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Op
 
 
 def _local(source: str, opts: dict, upto_step: Optional[float], user_regex: Optional[str]):
-    from orchestrator.quality.judge import judge
+    from orchestrator.quality.judge import check_run
     from orchestrator.quality.plot import sparkline
-    from orchestrator.quality.sources import Tracker
-    tr = Tracker.for_target(source, user_regex)
-    run = tr.update()
-    if upto_step is not None:
-        run = run.upto(upto_step)
-    out = judge(run, opts, tr.problems if not tr.readable() else None)
-    out["source"] = tr.active or source
-    out["format"] = getattr(tr.source, "kind", None)
+    out, run = check_run(source, opts, upto_step, user_regex)
     out["sparkline"] = sparkline(run.main_loss())
     return out, run
 

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.quality import rules as R
 from orchestrator.quality import rules_aux as A
@@ -155,6 +155,12 @@ def _review(out: dict, run: Run, opts: dict, doubt: dict) -> None:
 def check(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,
           user_regex: Optional[str] = None) -> dict:
     """Read ``target`` (file, run dir, TB dir, wandb:ref) and judge it; unreadable -> WAIT."""
+    return check_run(target, opts, upto_step, user_regex)[0]
+
+
+def check_run(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,
+              user_regex: Optional[str] = None) -> Tuple[dict, Run]:
+    """Like ``check``, also returning the series it judged (for plots)."""
     tr = Tracker.for_target(target, user_regex)
     run = tr.update()
     if upto_step is not None:
@@ -162,7 +168,7 @@ def check(target: str, opts: Optional[dict] = None, upto_step: Optional[float] =
     out = judge(run, opts, tr.problems if not tr.readable() else None)
     out["source"] = tr.active or target
     out["format"] = getattr(tr.source, "kind", None)
-    return out
+    return out, run
 
 
 def evidence(verdict: dict, run: Run, extra: Optional[dict] = None) -> dict:

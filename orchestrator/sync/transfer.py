@@ -57,6 +57,22 @@ def _start_offset(partial: Path, size: int) -> int:
     return have
 
 
+def _copy_hashing(src, partial: Path, size: int, h, progress: list, on_progress: Progress) -> None:
+    """Append ``src`` to ``partial`` up to ``size`` bytes, hashing as it goes; ``progress[0]``
+    holds the bytes now in ``partial`` (kept current so an error can say where it stopped)."""
+    with open(partial, "ab") as dst:
+        while progress[0] < size:
+            block = src.read(min(CHUNK, size - progress[0]))
+            if not block:
+                break
+            dst.write(block)
+            h.update(block)
+            progress[0] += len(block)
+            on_progress(progress[0])
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
 class LocalFetcher:
     """The host is this machine: copy with offset resume."""
 
@@ -65,20 +81,11 @@ class LocalFetcher:
     def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
         start = _start_offset(partial, size)
         h = prefix_hasher(partial, start)
-        with open(remote, "rb") as src, open(partial, "ab") as dst:
+        progress = [start]
+        with open(remote, "rb") as src:
             src.seek(start)
-            done = start
-            while done < size:
-                block = src.read(min(CHUNK, size - done))
-                if not block:
-                    break
-                dst.write(block)
-                h.update(block)
-                done += len(block)
-                on_progress(done)
-            dst.flush()
-            os.fsync(dst.fileno())
-        return Fetched(h.hexdigest(), done, done - start, start)
+            _copy_hashing(src, partial, size, h, progress, on_progress)
+        return Fetched(h.hexdigest(), progress[0], progress[0] - start, start)
 
 
 class SftpFetcher:
@@ -96,26 +103,17 @@ class SftpFetcher:
             self._sftp = self._factory()
         start = _start_offset(partial, size)
         h = prefix_hasher(partial, start)
-        done = start
+        progress = [start]
         try:
-            with self._sftp.open(remote, "rb") as src, open(partial, "ab") as dst:
+            with self._sftp.open(remote, "rb") as src:
                 src.seek(start)
                 src.prefetch(size)  # pipelined reads from the current offset
-                while done < size:
-                    block = src.read(min(CHUNK, size - done))
-                    if not block:
-                        break
-                    dst.write(block)
-                    h.update(block)
-                    done += len(block)
-                    on_progress(done)
-                dst.flush()
-                os.fsync(dst.fileno())
+                _copy_hashing(src, partial, size, h, progress, on_progress)
         except (OSError, EOFError) as exc:
             self._sftp = None
-            raise TransportError(f"SFTP transfer of {remote} stopped at byte {done}: {exc}",
+            raise TransportError(f"SFTP transfer of {remote} stopped at byte {progress[0]}: {exc}",
                                  "run the pull again: it resumes from the bytes already here") from exc
-        return Fetched(h.hexdigest(), done, done - start, start)
+        return Fetched(h.hexdigest(), progress[0], progress[0] - start, start)
 
 
 class RsyncFetcher:

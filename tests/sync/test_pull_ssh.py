@@ -123,14 +123,23 @@ def test_pull_killed_repeatedly_always_resumes(training_box, tmp_path: Path):
     jobdir = dest / host["name"] / job_id
     rng = random.Random(4)
     partial_seen = 0
-    for _ in range(10):
+    staged = jobdir / ".gpurun-partial" / "checkpoints" / "model-100.safetensors"
+    final = jobdir / "checkpoints" / "model-100.safetensors"
+    for i in range(10):
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "pull", "--host", host["name"],
                                  "--dest", str(dest), "--json"], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.4, 2.5))
+        if i % 3 == 2:
+            time.sleep(rng.uniform(0.0, 1.5))      # anywhere: connecting, manifest, transfer, rename
+        else:
+            # aim inside the transfer: wait until bytes are arriving, then a little more
+            deadline = time.time() + 30
+            while proc.poll() is None and time.time() < deadline and not (
+                    staged.exists() and staged.stat().st_size > 0):
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.15))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        staged = jobdir / ".gpurun-partial" / "checkpoints" / "model-100.safetensors"
         if staged.exists() and staged.stat().st_size > 0:
             partial_seen += 1
         # never a corrupt file under a final name
@@ -138,6 +147,8 @@ def test_pull_killed_repeatedly_always_resumes(training_box, tmp_path: Path):
             rel = p.relative_to(jobdir).as_posix()
             if p.is_file() and rel in remote:
                 assert sha(p) == remote[rel], f"corrupt final file {rel}"
+        if final.exists() and sha(final) == remote["checkpoints/model-100.safetensors"] and i < 9:
+            final.unlink()  # a finished pass: lose the local copy so the next pass transfers again
     assert partial_seen >= 1, "no kill landed mid-transfer; the test proves nothing"
     summary = pull_json(host["name"], dest)
     (row,) = summary["jobs"]

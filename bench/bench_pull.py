@@ -100,7 +100,7 @@ def main() -> None:
         from orchestrator.sync.transfer import _CIPHERS, _has_aes
         same_cipher = not args.default_cipher and _has_aes()
         ssh_same = " ".join(ssh + ["-o", f"Ciphers={_CIPHERS}"]) if same_cipher else ssh_e
-        plain_t, same_t, ours_t = [], [], []
+        plain_t, same_t, durable_t, ours_t = [], [], [], []
         for _ in range(args.rounds):
             drop_local(work / "plain")
             t = time.monotonic()
@@ -110,18 +110,28 @@ def main() -> None:
             t = time.monotonic()
             subprocess.run(["rsync", "-a", "-e", ssh_same, f"{target}:{src}", str(work / "plain" / "x")], check=True)
             same_t.append(time.monotonic() - t)
+            # the same, made durable like gpurun's pull (which fsyncs before its atomic rename)
+            drop_local(work / "plain")
+            t = time.monotonic()
+            subprocess.run(["rsync", "-a", "-e", ssh_same, f"{target}:{src}", str(work / "plain" / "x")], check=True)
+            fd = os.open(work / "plain" / "x", os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            durable_t.append(time.monotonic() - t)
             drop_local(work / "ours")
             t = time.monotonic()
             fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher)
             res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
             ours_t.append(time.monotonic() - t)
             assert res.verified, res.as_dict()
-        p, q, o = min(plain_t), min(same_t), min(ours_t)
+        p, q, d, o = min(plain_t), min(same_t), min(durable_t), min(ours_t)
         print(f"pull {args.gb:g} GB over loopback SSH (best of {args.rounds}):")
         print(f"  plain rsync -a (default cipher)   : {p:6.2f} s  {size / p / 1e6:7.1f} MB/s")
         print(f"  plain rsync -a (gpurun's ciphers) : {q:6.2f} s  {size / q / 1e6:7.1f} MB/s")
+        print(f"  same + fsync (durable, like ours) : {d:6.2f} s  {size / d / 1e6:7.1f} MB/s")
         print(f"  gpurun pull (incl. verify)        : {o:6.2f} s  {size / o / 1e6:7.1f} MB/s  = "
-              f"{100 * p / o:.0f} % of default rsync, {100 * q / o:.0f} % of rsync with the same ciphers")
+              f"{100 * p / o:.0f} % of default rsync, {100 * q / o:.0f} % of rsync with the same ciphers, "
+              f"{100 * d / o:.0f} % of the same made durable")
 
         # resume: keep 40 % as a partial, pull again
         drop_local(work / "ours")

@@ -111,7 +111,7 @@ def _write_remote_record(session: Any, record: dict) -> None:
 
 def remote_code_info(session: Any) -> dict | None:
     """The record of the last push to this host as stored on the box, or None."""
-    from orchestrator.transport.ssh import rpath
+    from orchestrator.transport.base import rpath
 
     path = f"{_state_dir(session).rstrip('/')}/{HASH_FILE}"
     res = session.transport.run(f"cat {rpath(path)} 2>/dev/null || true", timeout=60)

@@ -15,16 +15,10 @@ from typing import Any, Iterator
 
 from orchestrator import hosts as hostinv
 from orchestrator.errors import AgentError, BadInput, JobNotFound, TransportError
+from orchestrator.transport.base import rpath as rq
 from orchestrator.transport.framing import unframe
 
 NO_AGENT = 97
-
-
-def rq(path: str) -> str:
-    """Quote a remote path for the shell, keeping a leading ``~/`` expandable."""
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def host_config(host: dict) -> dict:
@@ -80,7 +74,7 @@ class Session:
         res = self.transport.run(cmd, input=body, timeout=timeout)
         if res.exit_code == NO_AGENT and "GPURUN-NO-AGENT" in res.stdout:
             self.transport.run(f"mkdir -p {rq(self.state_dir + '/bin')}", timeout=60)
-            self.transport.put(str(pyz), rpyz[2:] if rpyz.startswith("~/") else rpyz)
+            self.transport.put(str(pyz), rpyz)
             res = self.transport.run(cmd, input=body, timeout=timeout)
         try:
             reply = unframe(res.stdout)

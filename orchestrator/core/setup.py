@@ -15,6 +15,7 @@ from orchestrator import paths
 from orchestrator.errors import AgentError, ProfileError
 from orchestrator.profiles import Profile, plain_words
 from orchestrator.transport.framing import unframe
+from orchestrator.transport.base import rpath as rq
 
 VAST_ONSTART = "/root/onstart.sh"
 PROBE_TIMEOUT = 60.0
@@ -29,15 +30,6 @@ class Action:
     input: str | None = None
     done: bool | None = None
     error: str | None = None
-
-
-def rq(path: str) -> str:
-    """Quote a host path for sh, keeping a leading ``~`` expandable."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def layout(profile: Profile, host: dict) -> dict[str, str]:

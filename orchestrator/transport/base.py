@@ -7,8 +7,26 @@ Implementations raise ``ConnectError`` when no command could start (safe to retr
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
+
+
+def rpath(path: str) -> str:
+    """Quote a host path for ``sh``, keeping a leading ``~`` expandable (as ``"$HOME"``, which
+    also expands after ``=`` and inside other words, where a bare ``~`` would not)."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def sftp_path(path: str) -> str:
+    """SFTP does not expand ``~``; its working directory is the login home."""
+    if path in ("~", "~/"):
+        return "."
+    return path[2:] if path.startswith("~/") else path
 
 
 @dataclass(frozen=True)
@@ -35,7 +53,8 @@ class Transport(Protocol):
             timeout: float | None = None, env: dict[str, str] | None = None) -> RunResult: ...
 
     def put(self, local_path: str, remote_path: str) -> None:
-        """Copy one file to the host, atomically (temp name then rename)."""
+        """Copy one file to the host, atomically (temp name then rename); a leading ``~/``
+        means the login home."""
 
     def get(self, remote_path: str, local_path: str) -> None:
         """Copy one file from the host."""

@@ -31,13 +31,14 @@ class LocalTransport:
                          proc.stderr.decode("utf-8", "replace"))
 
     def put(self, local_path: str, remote_path: str) -> None:
+        remote_path = os.path.expanduser(remote_path)
         os.makedirs(os.path.dirname(remote_path) or ".", exist_ok=True)
         tmp = f"{remote_path}.{os.getpid()}.tmp"
         shutil.copyfile(local_path, tmp)
         os.replace(tmp, remote_path)
 
     def get(self, remote_path: str, local_path: str) -> None:
-        self.put(remote_path, local_path)
+        self.put(os.path.expanduser(remote_path), local_path)
 
     def sync(self, local_dir: str, remote_dir: str, *, excludes: Sequence[str] = ()) -> dict:
         src, dst = os.path.abspath(local_dir), os.path.abspath(remote_dir)

@@ -20,7 +20,7 @@ from typing import IO, Sequence
 
 from orchestrator.errors import ConnectError, HostKeyError, OperationalError, TransportError
 from orchestrator.transport import hostkeys
-from orchestrator.transport.base import RunResult
+from orchestrator.transport.base import RunResult, rpath, sftp_path  # noqa: F401 (rpath re-exported)
 from orchestrator.transport.channel import LinkLost, _paramiko, pump  # noqa: F401 (re-exported)
 from orchestrator.transport.sshconfig import Endpoint, resolve
 
@@ -33,22 +33,6 @@ _NULL_HANDLER = logging.NullHandler()
 
 class _Retry(Exception):
     """A connection attempt failed in a way another attempt may fix."""
-
-
-def rpath(path: str) -> str:
-    """Quote a remote path for the shell, keeping a leading ``~/`` expandable."""
-    if path == "~":
-        return "~"
-    if path.startswith("~/"):
-        return "~/" + shlex.quote(path[2:])
-    return shlex.quote(path)
-
-
-def sftp_path(path: str) -> str:
-    """SFTP does not expand ``~``; its working directory is the login home."""
-    if path in ("~", "~/"):
-        return "."
-    return path[2:] if path.startswith("~/") else path
 
 
 def _env_prefix(env: dict[str, str] | None) -> str:

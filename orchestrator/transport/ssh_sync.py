@@ -63,7 +63,7 @@ def openssh_args(t: "SSHTransport", hop: Endpoint | None = None, *, with_target:
 
 def _probe(t: "SSHTransport", remote_dir: str) -> tuple[str, bool, bool]:
     """Create ``remote_dir``; return its absolute path and whether rsync and tar exist there."""
-    from orchestrator.transport.ssh import rpath
+    from orchestrator.transport.base import rpath
 
     rsync = shlex.quote(t.rsync_path) if t.rsync_path else "rsync"
     cmd = (f"mkdir -p {rpath(remote_dir)} && cd {rpath(remote_dir)} && "

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout
     if detach == "tmux" and _has("tmux"):
         session = "gpurun-agent-%08x" % zlib.crc32(state_dir.encode())  # stable across processes
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-        cmd = " ".join(_q(a) for a in argv) + " >> %s 2>&1" % _q(files(state_dir)["log"])
+        cmd = " ".join(shlex.quote(a) for a in argv) + " >> %s 2>&1" % shlex.quote(files(state_dir)["log"])
         subprocess.run(["tmux", "new-session", "-d", "-s", session, cmd], check=True,
                        stdin=subprocess.DEVNULL, capture_output=True)
     else:
@@ -127,10 +128,6 @@ def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout
 
 def _has(prog: str) -> bool:
     return any(os.access(os.path.join(p, prog), os.X_OK) for p in os.environ.get("PATH", "").split(os.pathsep))
-
-
-def _q(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
 class Daemon:

@@ -7,7 +7,6 @@ is not a zombie and its environment carries the job's marker ``GPURUN_JOB_TOKEN=
 from __future__ import annotations
 
 import os
-import signal
 import time
 from typing import Dict, Optional
 
@@ -110,14 +109,3 @@ def signal_group(pid: int, sig: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def terminate_group(pid: int, grace: float = 10.0) -> None:
-    """TERM the group, wait up to ``grace`` seconds, then KILL what is left."""
-    signal_group(pid, signal.SIGTERM)
-    deadline = time.time() + grace
-    while time.time() < deadline:
-        if _is_zombie(pid) or _environ(pid) is None:
-            return
-        time.sleep(0.1)
-    signal_group(pid, signal.SIGKILL)

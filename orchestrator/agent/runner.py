@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from typing import Dict, List, Optional
 
@@ -72,38 +71,38 @@ class Runner:
     # --- one pass ---------------------------------------------------------------------
     def step(self) -> None:
         self._reap_children()
-        running = self.store.jobs([S.RUNNING])
         now = time.time()
-        for job in running:
+        marked = None  # /proc scan, done at most once per pass and only when needed
+        still = []
+        for job in self.store.jobs([S.RUNNING]):
             jid = job["id"]
+            tok = procs.token(jid, job["attempt"])
             pid = self.pids.get(jid)
             if pid is None:
-                # running row we do not track (e.g. CAS done by a previous daemon): re-check.
-                tok = procs.token(jid, job["attempt"])
-                pid = procs.find_marked().get(tok)
+                # a running row we do not track (claimed by a previous daemon): find it by marker
+                marked = procs.find_marked() if marked is None else marked
+                pid = marked.get(tok)
                 if pid is None:
                     self._settle(job)
                     continue
                 self.pids[jid] = pid
-            if jid not in self.children and not procs.alive_with_token(pid, procs.token(jid, job["attempt"])):
+            if jid not in self.children and not procs.alive_with_token(pid, tok):
                 self._settle(job)
                 continue
+            still.append(job)
             if job["cancel_requested"] and jid not in self.kill_at:
-                self._signal(jid, pid, "cancel")
+                self.signal_job(jid, pid, "cancel")
             elif job["timeout_s"] and job["started_at"] and now - job["started_at"] > job["timeout_s"] \
                     and jid not in self.kill_at:
                 self.store.update_fields(jid, [S.RUNNING], reason="timeout after %ss" % int(job["timeout_s"]))
-                self._signal(jid, pid, "timeout")
+                self.signal_job(jid, pid, "timeout")
             if jid in self.kill_at and now >= self.kill_at[jid]:
                 procs.signal_group(pid, signal.SIGKILL)
                 self.kill_at[jid] = now + 3600
-        self._schedule()
+        self._schedule(still)
 
     def signal_job(self, jid: str, pid: int, why: str) -> None:
         """TERM the job's process group now and KILL it after the grace period."""
-        self._signal(jid, pid, why)
-
-    def _signal(self, jid: str, pid: int, why: str) -> None:
         procs.signal_group(pid, signal.SIGTERM)
         self.kill_at[jid] = time.time() + float(self.config.get("kill_grace_s", KILL_GRACE_S))
         self.store.add_event(jid, why, "info", "sent TERM to process group %d (%s)" % (pid, why))
@@ -113,7 +112,7 @@ class Runner:
         self.store.update_fields(job["id"], [S.RUNNING], reason="%s: %s" % (QUALITY_STOP_PREFIX, summary))
         pid = self.pids.get(job["id"])
         if pid and job["id"] not in self.kill_at:
-            self._signal(job["id"], pid, "quality_stop")
+            self.signal_job(job["id"], pid, "quality_stop")
 
     def _reap_children(self) -> None:
         for jid, proc in list(self.children.items()):
@@ -168,8 +167,7 @@ class Runner:
         slots = int(self.config.get("slots") or 1)
         return None, slots - len(running)
 
-    def _schedule(self) -> None:
-        running = self.store.jobs([S.RUNNING])
+    def _schedule(self, running: List[dict]) -> None:
         free_gpus, free_slots = self._capacity(running)
         # A full host only needs to look at queued jobs that are being cancelled.
         full = (free_gpus is not None and not free_gpus) or (free_slots is not None and free_slots <= 0)
@@ -278,7 +276,3 @@ class Runner:
         self.pids[job["id"]] = proc.pid
         self.store.update_fields(job["id"], [S.RUNNING], pid=proc.pid)
         return True
-
-
-def python_argv(pyz: str) -> List[str]:
-    return [sys.executable or "python3", pyz]

@@ -17,7 +17,6 @@ QUALITY_STOPPED = "quality_stopped"
 ORDER = {QUEUED: 0, RUNNING: 1, SUCCEEDED: 2, FAILED: 2, CANCELLED: 2, QUALITY_STOPPED: 2}
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, QUALITY_STOPPED})
 ACTIVE = frozenset({QUEUED, RUNNING})
-ALL = tuple(ORDER)
 
 # (from, to) pairs the runner may take; RUNNING -> QUEUED is a retry of an interrupted or
 # failed attempt within the job's budget.

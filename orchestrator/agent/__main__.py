@@ -87,11 +87,10 @@ def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     os.makedirs(state_dir, exist_ok=True)
     if verb == "ensure":
         unpack_self()
-        if "config" in req:
-            daemon.write_atomic(daemon.files(state_dir)["config"], json.dumps(req["config"], indent=1))
+        changed = "config" in req and daemon.write_config(state_dir, req["config"])
         res = daemon.ensure(state_dir, os.path.abspath(sys.argv[0]), req.get("build", "dev"),
                             detach=req.get("detach", "setsid"))
-        if res["action"] == "none" and "config" in req:
+        if res["action"] == "none" and changed:
             daemon.wake(state_dir)
         return res
     from orchestrator.agent.store import Store
@@ -99,8 +98,8 @@ def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     handler = lookup(verb)
     store = Store(daemon.files(state_dir)["db"])
     try:
-        from orchestrator.agent.daemon import _Ctx
-        return handler(_Ctx(state_dir, store, daemon.load_config(state_dir)), req)
+        from orchestrator.agent.daemon import AgentContext
+        return handler(AgentContext(state_dir, store, daemon.load_config(state_dir)), req)
     finally:
         store.close()
 

@@ -50,6 +50,21 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_config(state_dir: str, config: dict) -> bool:
+    """Store the host config the daemon runs with; returns False (and writes nothing, so
+    the daemon does not reload) when it is unchanged."""
+    text = json.dumps(config, indent=1, sort_keys=True)
+    path = files(state_dir)["config"]
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return False
+    except OSError:
+        pass
+    write_atomic(path, text)
+    return True
+
+
 def running_daemon(state_dir: str) -> Optional[dict]:
     """``{"pid", "build"}`` of the daemon holding the lock, or None when none runs."""
     f = files(state_dir)
@@ -205,10 +220,10 @@ class Daemon:
     @staticmethod
     def _periodic_runner(store: Store, runner: Runner, config: dict, state_dir: str):
         from orchestrator.agent.periodic import Periodic
-        return Periodic(_Ctx(state_dir, store, config, runner))
+        return Periodic(AgentContext(state_dir, store, config, runner))
 
 
-class _Ctx:
+class AgentContext:
     """What hooks and verbs get: the state dir, the store, the host config (and the runner)."""
 
     def __init__(self, state_dir: str, store: Store, config: dict, runner: Optional[Runner] = None):

@@ -212,8 +212,8 @@ class Runner:
             from orchestrator.agent.watchdog_hook import admission
         except ImportError:
             return True
-        from orchestrator.agent.daemon import _Ctx
-        res = admission(_Ctx(self.state_dir, self.store, self.config, self), gpu_ids, need)
+        from orchestrator.agent.daemon import AgentContext
+        res = admission(AgentContext(self.state_dir, self.store, self.config, self), gpu_ids, need)
         if not res["ok"]:
             key = "admission_wait:%s" % job["id"]
             if not self.store.kv_get(key):

@@ -182,14 +182,20 @@ class Store:
             (time.time(), job_id, kind, severity, message, json.dumps(data, default=str) if data else None))
         return int(cur.lastrowid)
 
-    def events(self, since_id: int = 0, job_id: Optional[str] = None, limit: int = 1000) -> list[dict]:
-        if job_id is None:
-            rows = self.db.execute("SELECT * FROM events WHERE id>? ORDER BY id LIMIT ?", (since_id, limit))
-        else:
-            rows = self.db.execute("SELECT * FROM events WHERE id>? AND job_id=? ORDER BY id LIMIT ?",
-                                   (since_id, job_id, limit))
+    def events(self, since_id: int = 0, job_id: Optional[str] = None, limit: int = 1000,
+               newest: bool = False) -> list[dict]:
+        """Events after ``since_id``, oldest first: the first ``limit`` of them, or with
+        ``newest`` the last ``limit``."""
+        where, args = "id>?", [since_id]
+        if job_id is not None:
+            where, args = where + " AND job_id=?", args + [job_id]
+        order = "DESC" if newest else "ASC"
+        rows = self.db.execute("SELECT * FROM events WHERE %s ORDER BY id %s LIMIT ?" % (where, order),
+                               args + [limit]).fetchall()
+        if newest:
+            rows.reverse()
         out = []
-        for r in rows.fetchall():
+        for r in rows:
             d = dict(r)
             d["data"] = json.loads(d["data"]) if d["data"] else {}
             out.append(d)

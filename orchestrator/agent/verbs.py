@@ -124,20 +124,13 @@ def v_retry(ctx: Any, req: dict) -> dict:
 
 def v_events(ctx: Any, req: dict) -> dict:
     job_id = _find(ctx, req["job"])["id"] if req.get("job") else None
-    return {"events": ctx.store.events(int(req.get("since_id", 0)), job_id, int(req.get("limit", 1000)))}
-
-
-def v_config(ctx: Any, req: dict) -> dict:
-    """Replace the host config the daemon runs with (slots, watchdog, quality, notify ...)."""
-    cfg = req.get("config") or {}
-    daemon.write_atomic(daemon.files(ctx.state_dir)["config"], __import__("json").dumps(cfg, indent=1))
-    daemon.wake(ctx.state_dir)
-    return {"config": cfg}
+    return {"events": ctx.store.events(int(req.get("since_id", 0)), job_id, int(req.get("limit", 1000)),
+                                       newest=bool(req.get("newest")))}
 
 
 VERBS: Dict[str, Callable[[Any, dict], dict]] = {
     "ping": v_ping, "submit": v_submit, "status": v_status, "logs": v_logs, "cancel": v_cancel,
-    "retry": v_retry, "events": v_events, "config": v_config,
+    "retry": v_retry, "events": v_events,
 }
 
 

@@ -241,3 +241,26 @@ def retry(job: str, host: str | None, force: bool) -> None:
         res = s.call("retry", {"job": job, "force": force})
     j = res["job"]
     click.echo(f"{j['name']}: queued again (attempt {res['next_attempt']}){' with --force' if force else ''}")
+
+
+@queue.command()
+@click.argument("job", required=False)
+@HOST_OPT
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Newest events to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print {host, events: [{id, ts, job_id, kind, severity, "
+              "message, data}]}.")
+def events(job: str | None, host: str | None, limit: int, as_json: bool) -> None:
+    """A job's history (or the host's): state changes, retries, watchdog and quality findings."""
+    from orchestrator.core.session import open_session
+    with open_session(host) as s:
+        evs = s.call("events", {"job": job, "limit": limit, "newest": True})["events"]
+        name = s.host["name"]
+    if as_json:
+        emit_json({"host": name, "events": evs})
+        return
+    style = {"warn": "yellow", "error": "red", "critical": "bold red"}
+    out = console()
+    for e in evs:
+        sev = e["severity"]
+        out.print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['ts']))}  "
+                  f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {e['message']}", soft_wrap=True)

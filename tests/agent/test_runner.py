@@ -107,3 +107,18 @@ def test_retry_and_resubmit_idempotent(home, tmp_path):
     assert x["state"] == "failed" and x["attempt"] == 2
     bad = gpurun("queue", "retry", "nope")
     assert bad.returncode == 2 and "no job 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_events_show_a_jobs_history_newest_last(home, tmp_path):
+    q = _write(tmp_path, "[name=f retries=1] exit 2\n")
+    gpurun("queue", "submit", q, "--wait")
+    res = gpurun("queue", "events", "f", "--json")
+    assert res.returncode == 0, res.stderr
+    evs = json.loads(res.stdout)["events"]
+    assert [e["data"].get("to") for e in evs if e["kind"] == "state"] == [
+        "running", "queued", "running", "failed"]
+    assert [e["kind"] for e in evs if e["severity"] in ("warn", "error")] == ["retry", "failed"]
+    last = json.loads(gpurun("queue", "events", "f", "--limit", "1", "--json").stdout)["events"]
+    assert len(last) == 1 and last[0]["id"] == evs[-1]["id"]
+    text = gpurun("queue", "events", "f").stdout
+    assert "retrying (1 of 1 retries used)" in text

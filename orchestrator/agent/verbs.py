@@ -51,7 +51,9 @@ def v_submit(ctx: Any, req: dict) -> dict:
     rows = []
     for j in req.get("jobs", []):
         run_dir = os.path.join(runs, j["id"])
-        rows.append(dict(j, run_dir=run_dir, log=os.path.join(run_dir, "log.txt")))
+        # paths from profiles ("~/gpurun/work") are the box's: only the agent knows its HOME
+        paths = {k: os.path.expanduser(j[k]) for k in ("cwd", "metrics", "checkpoints") if j.get(k)}
+        rows.append(dict(j, run_dir=run_dir, log=os.path.join(run_dir, "log.txt"), **paths))
     added, present = ctx.store.insert_jobs(rows)
     for jid in added:
         os.makedirs(os.path.join(runs, jid), exist_ok=True)

@@ -1,4 +1,4 @@
-"""Queue use cases: turn a parsed queue file into agent jobs, submit, wait, and summarise."""
+"""Queue use cases: turn a parsed queue file into agent jobs, and wait for them to finish."""
 
 from __future__ import annotations
 

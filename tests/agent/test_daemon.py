@@ -61,3 +61,27 @@ def test_tmux_detach_runs_the_daemon_inside_tmux(home, tmp_path):
         assert "gpurun-agent-" in sessions
     finally:
         os.kill(res["pid"], signal.SIGTERM)
+
+
+def test_submit_expands_home_in_paths_from_profiles(home, tmp_path, monkeypatch):
+    """A profile's workdir such as ``~/gpurun/work`` is the box's home, expanded by the agent."""
+    import time
+    _, pyz = agentship.build()
+    sd = home / "st"
+    box_home = tmp_path / "boxhome"
+    (box_home / "gpurun/work").mkdir(parents=True)
+    env = dict(os.environ, HOME=str(box_home))
+    job = {"id": "j1", "name": "j1", "command": "pwd > where.txt", "cwd": "~/gpurun/work",
+           "metrics": "~/gpurun/work/m.jsonl"}
+    out = subprocess.run([sys.executable, str(pyz), "submit", "--state-dir", str(sd), "--ensure", "b1"],
+                         input=json.dumps({"jobs": [job]}), capture_output=True, text=True, timeout=60, env=env)
+    assert unframe(out.stdout)["ok"], out.stdout
+    where = box_home / "gpurun/work/where.txt"
+    deadline = time.time() + 20
+    while not where.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert where.read_text().strip() == str(box_home / "gpurun/work")
+    st = subprocess.run([sys.executable, str(pyz), "status", "--state-dir", str(sd)], input="{}",
+                        capture_output=True, text=True, timeout=60, env=env)
+    (row,) = unframe(st.stdout)["result"]["jobs"]
+    assert row["metrics"] == str(box_home / "gpurun/work/m.jsonl")

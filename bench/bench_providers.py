@@ -28,7 +28,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from orchestrator.core.recover import poll_instances  # noqa: E402
 from orchestrator.providers import PROVIDERS, env_url_var, make_provider  # noqa: E402
-from rigs.fake_providers import KEY, start_fake  # noqa: E402
+from rigs.fake_providers import KEY, pods_on_rig, start_fake  # noqa: E402
 
 
 def setup(name: str, **kw):
@@ -163,14 +163,7 @@ def moved(watch: float, trials: int) -> None:
     boxes = rig.user_dir(CLEAN_USER, "pods")
     env = dict(os.environ, HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "cfg"),
                RUNPOD_API_KEY=KEY, GPURUN_RUNPOD_API_URL=fake.url, GPURUN_PROVIDER_POLL_S="0.2")
-    (home / "cfg" / "gpurun" / "profiles").mkdir(parents=True)
-    (home / "cfg" / "gpurun" / "profiles" / "runpod.yaml").write_text(
-        f'ssh: {{user: {CLEAN_USER}, form: "ssh -p PORT {CLEAN_USER}@IP"}}\n'
-        f'paths: {{workdir: "{boxes}/{{host}}/work", state_dir: "{boxes}/{{host}}/state", cache_dir: "{boxes}/c"}}\n'
-        f'storage: [{{name: d, path: "{boxes}", survives_stop: true, survives_destroy: false, network_fs: false}}]\n'
-        "recovery: {on_preempt: replace}\n")
-    (home / "cfg" / "gpurun" / "config.yaml").write_text(
-        f'pull: {{dest: "{home / "art"}", settle_s: 0.2, keep_latest: 1}}\n')
+    pods_on_rig(home / "cfg" / "gpurun", boxes, CLEAN_USER, home / "art", on_preempt="replace", keep_latest=1)
     proj = home / "proj"
     proj.mkdir()
     (proj / "train.py").write_text(TRAIN)

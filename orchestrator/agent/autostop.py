@@ -12,8 +12,11 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from orchestrator.agent.states import ACTIVE
+
 # The cheapest safe in-instance verb per provider: keeps the disk, stops the GPU meter.
 # Lambda has none (an in-OS shutdown keeps billing), so autostop there can only alert.
+# Vast: the container's own key can stop only itself; no vastai CLI needed on the box.
 SELF_STOP = {
     "autodl": {"command": "/usr/bin/shutdown", "irreversible": False},
     "runpod": {"command": 'runpodctl stop pod "$RUNPOD_POD_ID"', "irreversible": False},
@@ -23,7 +26,6 @@ SELF_STOP = {
              "irreversible": False},
 }
 IDLE_SINCE = "autostop.idle_since"
-ACTIVE = ("queued", "running")
 
 
 def last_progress(jobs: Iterable[Dict[str, Any]]) -> Optional[float]:

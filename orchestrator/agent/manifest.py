@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any, Dict, Iterator, List, Tuple
 
+from orchestrator.agent.states import TERMINAL
+
 try:  # fcntl is POSIX-only; the agent runs on Linux, tests may not.
     import fcntl
 except ImportError:  # pragma: no cover
@@ -22,7 +24,6 @@ except ImportError:  # pragma: no cover
 
 CHUNK = 1 << 20
 SCHEMA = "gpurun/MANIFEST/v1"
-TERMINAL = ("succeeded", "failed", "cancelled", "quality_stopped")
 # Writers use these while a file is incomplete; a crashed job may leave them behind. They
 # are never artifacts, even once the job has ended.
 TEMP_PATTERNS = ("*.tmp", "*.partial", ".*.swp", ".tmp*", "*.part", ".gpurun-partial")
@@ -125,6 +126,8 @@ class _Scan:
         self.now = now
         self.settle_s = settle_s
         self.terminal = job.get("state") in TERMINAL
+        self.roots = job_roots(job)
+        self.ckpt_root_is_file = os.path.isfile(job.get("checkpoints") or "")
         self.files: List[Dict[str, Any]] = []
         self.pending: List[Dict[str, Any]] = []
         self.skipped: List[Dict[str, Any]] = []
@@ -132,7 +135,7 @@ class _Scan:
         self.seen: set = set()
 
     def run(self) -> None:
-        for section, root in job_roots(self.job):
+        for section, root in self.roots:
             for full, rel in _walk(root):
                 real = full if os.path.islink(full) else os.path.realpath(full)
                 if real in self.seen:
@@ -190,15 +193,14 @@ class _Scan:
         item = {"path": path, "remote": full, "kind": _kind(section, rel), "size": st.st_size,
                 "mtime": st.st_mtime_ns / 1e9, "sha256": entry["sha256"]}
         if section == "checkpoints":
-            root_is_file = os.path.isfile(self.job.get("checkpoints") or "")
-            item["unit"] = rel if root_is_file else rel.split("/")[0]
+            item["unit"] = rel if self.ckpt_root_is_file else rel.split("/")[0]
         self.files.append(item)
 
     def result(self) -> Dict[str, Any]:
         self.files.sort(key=lambda f: f["path"])
         return {
             "id": self.job.get("id"), "name": self.job.get("name"), "state": self.job.get("state"),
-            "terminal": self.terminal, "roots": dict((s, r) for s, r in job_roots(self.job)),
+            "terminal": self.terminal, "roots": dict(self.roots),
             "files": self.files, "pending": self.pending, "skipped": self.skipped,
             "complete": self.terminal and not self.pending,
             "bytes": sum(f["size"] for f in self.files),
@@ -220,7 +222,7 @@ def build_manifest(state_dir: str, jobs: List[Dict[str, Any]], settle_s: float =
             for scan in scans:
                 scan.settle(now)
         # forget files that no longer exist so the cache does not grow without bound
-        known_roots = [r for s in scans for _, r in job_roots(s.job)]
+        known_roots = [r for s in scans for _, r in s.roots]
         for path in list(cache.data):
             if any(path.startswith(r) for r in known_roots) and not os.path.exists(path):
                 del cache.data[path]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from orchestrator.agent.manifest import build_manifest
+from orchestrator.agent.states import ACTIVE
 
 
 def manifest(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
@@ -54,7 +55,7 @@ def mark_pulled(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
 def unpulled(ctx: Any) -> List[str]:
     """Files of any job whose current bytes were never verified at home: the autostop gate."""
     jobs = ctx.store.jobs()
-    if any(j["state"] in ("queued", "running") for j in jobs):
+    if any(j["state"] in ACTIVE for j in jobs):
         return ["jobs still queued or running"]
     man = build_manifest(ctx.state_dir, jobs, settle_s=0.0)
     missing: List[str] = []

@@ -131,14 +131,14 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
         clean_staging(root)
         row = res.as_dict()
         row.update(name=job.get("name"), state=job.get("state"), method=fetcher.method)
-        if s3 is not None and res.verified:
+        rec = JobRecord(root) if res.verified else None   # as pull_job left it, read once
+        if s3 is not None and rec is not None:
             from orchestrator.sync.s3 import push_job
 
-            rec = JobRecord(root)
             kept = [f for f in job["files"] if rec.files.get(f["path"], {}).get("state") == "verified"]
             row["s3_pushed"] = push_job(s3, rec, root / VERIFIED, host, root.name, kept)
-        if res.verified and res.complete and not res.failed:
-            _mark_pulled(session, job, JobRecord(root))
+        if rec is not None and res.complete and not res.failed:
+            _mark_pulled(session, job, rec)
         done = done and res.complete and not res.failed
         results.append(row)
     return {"host": host, "dest": str(dest), "jobs": results, "done": done, "method": fetcher.method}

@@ -19,7 +19,6 @@ from orchestrator.providers import Instance, Provider
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 POLICIES = ("wait", "restart", "replace")
-MOVABLE = relocate.MOVABLE
 
 
 def read_boot_id(entry: dict) -> str | None:
@@ -221,7 +220,7 @@ def _jobs_from(entry: dict, det: dict) -> tuple[list[dict], str]:
             with open_session(host=entry) as s:
                 live = list(s.call("status", {}, timeout=30).get("jobs", []))
             # status has no env/source: the snapshot kept them from the submit
-            return [dict({k: v for k, v in snap.get(j["id"], {}).items()}, **j) for j in live], "agent"
+            return [dict(snap.get(j["id"], {}), **j) for j in live], "agent"
         except OperationalError:
             pass
     return list(snap.values()), "snapshot"

@@ -13,12 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from orchestrator.agent.manifest import sha256_file
+from orchestrator.agent.states import TERMINAL
 from orchestrator.errors import VerificationError
 from orchestrator.sync.keep import unit_step
 from orchestrator.sync.state import RECORD, JobRecord, job_dir_name
 
 MOVABLE = ("queued", "running")   # a running job on a lost box is interrupted: run it again
-TERMINAL = ("succeeded", "failed", "cancelled", "quality_stopped")
 # agent bookkeeping in a run dir: the new box writes its own
 RUN_CONTROL = re.compile(r"^(log\.txt|exit\.\d+|started\.\d+|quality/.*)$")
 SPEC_KEYS = ("id", "name", "command", "cwd", "env", "gpus", "retries", "timeout_s", "metrics",
@@ -133,27 +134,18 @@ def upload(session: Any, files: list[tuple[Path, str]]) -> int:
     Returns the bytes sent; ``VerificationError`` when a copy differs (nothing is submitted)."""
     if not files:
         return 0
-    from orchestrator.core.session import rq
+    from orchestrator.transport.base import rpath as rq
     sent = 0
     for local, remote in files:
         session.transport.put(str(local), remote)
         sent += local.stat().st_size
     res = session.transport.run("sha256sum -- " + " ".join(rq(r) for _, r in files), timeout=3600)
     got = [ln.split()[0] for ln in res.stdout.splitlines() if re.match(r"^[0-9a-f]{64}\s", ln)]
-    want = [_sha256(p) for p, _ in files]
+    want = [sha256_file(str(p)) for p, _ in files]
     if res.exit_code != 0 or got != want:
         raise VerificationError(f"{session.host['name']}: restored files do not match the verified copies "
                                 "at home", hint="re-run `gpurun recover`; it resumes the move to the same box")
     return sent
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def repush_code(old_name: str, session: Any, pairs: list[tuple[str, str]]) -> dict | None:

@@ -300,15 +300,3 @@ def stop_or_terminate(host: str | dict, verb: str | None = None, yes: bool = Fal
     note_rental(prov.name, iid, ended_at=time.time(), ended_by="down")
     return {"provider": prov.name, "instance_id": iid, "verb": "terminate", "state": "terminated",
             "polls": polls, "still_bills": None}
-
-
-def detect_interruption(host_entry: dict, **kwargs: Any) -> dict:
-    """See ``orchestrator.core.recover.detect_interruption``."""
-    from orchestrator.core.recover import detect_interruption as _detect
-    return _detect(host_entry, **kwargs)
-
-
-def recover(host_entry: dict, **kwargs: Any) -> dict:
-    """See ``orchestrator.core.recover.recover``."""
-    from orchestrator.core.recover import recover as _recover
-    return _recover(host_entry, **kwargs)

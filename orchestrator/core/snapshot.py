@@ -39,9 +39,10 @@ def load(host_name: str) -> dict:
     return {"schema": SCHEMA, "host": host_name, "updated_at": None, "jobs": {}}
 
 
-def jobs(host_name: str) -> list[dict]:
-    """The recorded jobs of a host in submission order (``seq`` when known)."""
-    rows = list(load(host_name)["jobs"].values())
+def jobs(host_name: str, snap: dict | None = None) -> list[dict]:
+    """The recorded jobs of a host in submission order (``seq`` when known); ``snap`` is an
+    already loaded snapshot, so a caller that needs both reads the file once."""
+    rows = list((snap if snap is not None else load(host_name))["jobs"].values())
     return sorted(rows, key=lambda j: (j.get("seq") is None, j.get("seq") or 0, j.get("submitted_at") or 0))
 
 
@@ -76,9 +77,7 @@ def _merge(name: str, verb: str, request: dict, result: dict) -> None:
             for job in result.get("jobs") or []:
                 table.setdefault(job["id"], {}).update({k: job.get(k) for k in STATUS_KEYS if k in job})
         data.update(schema=SCHEMA, host=name, updated_at=now)
-        tmp = path.with_name(f"jobs.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        _write(path, data)
 
 
 def mark_moved(host_name: str, ids: list[str], to_host: str) -> None:
@@ -92,6 +91,11 @@ def mark_moved(host_name: str, ids: list[str], to_host: str) -> None:
         for jid in ids:
             if jid in data["jobs"]:
                 data["jobs"][jid]["moved_to"] = to_host
-        tmp = path.with_name(f"jobs.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        _write(path, data)
+
+
+def _write(path: Path, data: dict) -> None:
+    """Replace the snapshot in one rename (the caller holds ``jobs.lock``)."""
+    tmp = path.with_name(f"jobs.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)

@@ -149,13 +149,8 @@ def execute(session: Any, verb: dict, offline: bool = False,
     if offline and provider_state == "terminated":
         return {"how": "none", "detail": "the provider says the instance is already terminated"}
     if host.get("instance") or host.get("instance_id"):
-        try:
-            from orchestrator.core import rent
-        except ImportError:
-            rent = None
-        if rent is not None and hasattr(rent, "stop_or_terminate"):
-            res = rent.stop_or_terminate(host["name"], yes=True)
-            return {"how": "api", "detail": res}
+        from orchestrator.core import rent
+        return {"how": "api", "detail": rent.stop_or_terminate(host["name"], yes=True)}
     if offline:
         return {"how": "manual", "detail": "the box cannot be reached, so its in-instance command cannot "
                 "run; " + (verb["console"] or verb["api"] or "stop it the way its owner does")}

@@ -74,7 +74,7 @@ def assess_offline(entry: dict, dest: Path, unreachable: str,
         return out
     box_down = state in DOWN_STATES
     pulls: list[float] = []
-    for job in snapshot.jobs(host):
+    for job in snapshot.jobs(host, snap):
         jid = str(job["id"])
         root = dest / job_dir_name(host) / job_dir_name(jid)
         label = f"{job.get('name') or jid} ({jid})"

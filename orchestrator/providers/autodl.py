@@ -29,7 +29,6 @@ class AutoDL(Provider):
     display = "AutoDL"
     stopped_bills = ("a powered-off AutoDL instance bills a small data-disk fee and is released "
                      "(data disk gone) after 15 days off")
-    self_stop_command = "/usr/bin/shutdown"
 
     def auth_headers(self, key: str) -> dict:
         return {"Authorization": key}   # raw token, no "Bearer"

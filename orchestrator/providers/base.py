@@ -125,8 +125,6 @@ class Provider(abc.ABC):
     stop_unsupported: str | None = None
     #: warning shown by ``ls`` when a stopped box still bills
     stopped_bills: str | None = None
-    #: the cheapest safe in-box command that stops the meter (used by autostop)
-    self_stop_command: str | None = None
 
     def __init__(self, config: ProviderConfig, *, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.time):

@@ -21,7 +21,6 @@ class RunPod(Provider):
     name = "runpod"
     display = "RunPod"
     stopped_bills = "a stopped pod still bills its volume disk at 2x ($0.20/GB/month)"
-    self_stop_command = 'runpodctl stop pod "$RUNPOD_POD_ID"'
 
     def graphql_url(self) -> str:
         """GraphQL lives on another host in production; beside the REST base for a custom URL."""

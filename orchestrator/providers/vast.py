@@ -22,10 +22,6 @@ class Vast(Provider):
     name = "vast"
     display = "Vast.ai"
     stopped_bills = "a stopped Vast.ai instance bills its disk forever, until destroyed"
-    # the container's own key can stop only itself; no vastai CLI needed on the box
-    self_stop_command = ('curl -fsS -X PUT -H "Authorization: Bearer $CONTAINER_API_KEY" '
-                         '-H "Content-Type: application/json" -d \'{"state": "stopped"}\' '
-                         '"https://console.vast.ai/api/v0/instances/$CONTAINER_ID/"')
 
     def parse_error(self, status, body):
         if isinstance(body, dict):

@@ -136,6 +136,7 @@ def check_torch(path: Path, scan_limit: int = DEFAULT_SCAN_LIMIT) -> dict[str, A
     except Exception as exc:  # torch raises many types for a bad file
         return {"error": f"torch.load(weights_only=True) failed: {exc}"[:300]}
     tensors, bad = 0, 0
+    scan = path.stat().st_size <= scan_limit
     stack = [obj]
     while stack:
         cur = stack.pop()
@@ -145,7 +146,7 @@ def check_torch(path: Path, scan_limit: int = DEFAULT_SCAN_LIMIT) -> dict[str, A
             stack.extend(cur)
         elif isinstance(cur, torch.Tensor):
             tensors += 1
-            if cur.is_floating_point() and path.stat().st_size <= scan_limit:
+            if scan and cur.is_floating_point():
                 bad += int((~torch.isfinite(cur)).sum())
     return {"format": "torch", "loaded": True, "tensors": tensors, "nonfinite": bad}
 

@@ -174,7 +174,6 @@ def _pull_locked(job: dict, root: Path, fetcher: Any, policy: KeepPolicy, host: 
             final.unlink()  # local copy only, and only one the policy superseded
         rec.mark(f["path"], state="superseded", sha256=f["sha256"], size=f["size"])
         result.superseded.append(f["path"])
-    rec.save()
     result.verified, result.complete = write_marker(job, rec, keep, gone, why, host)
     return result
 
@@ -204,7 +203,6 @@ def write_marker(job: dict, rec: JobRecord, keep: list[dict], gone: list[dict], 
             problems.append({"path": f["path"], "problem": r["checks"]["error"]})
         entries.append({"path": f["path"], "size": f["size"], "sha256": f["sha256"], "kind": f.get("kind"),
                         "checks": r.get("checks", {})})
-    rec.save()
     extra = sorted(local_roster(rec.root) - {f["path"] for f in job["files"]} - set(rec.files))
     complete = bool(job.get("terminal")) and not job.get("pending")
     if problems:

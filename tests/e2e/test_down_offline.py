@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import socket
-import textwrap
 import time
 
 import pytest
 
 from rigs.agents import gpurun, kill_agents_under
+from rigs.fake_providers import pods_on_rig
 from rigs.sshd import CLEAN_USER
 
 from providers.conftest import fake_for
@@ -57,19 +57,8 @@ def world(isolated_home, sshd, monkeypatch, tmp_path):
     monkeypatch.setenv("GPURUN_PROVIDER_POLL_S", "0.05")
     fake = fake_for("runpod", monkeypatch, ssh=("127.0.0.1", sshd.port))
     boxes = sshd.user_dir(CLEAN_USER, "offline")
-    profiles = isolated_home / ".config" / "gpurun" / "profiles"
-    profiles.mkdir(parents=True)
-    (profiles / "runpod.yaml").write_text(textwrap.dedent(f"""\
-        ssh: {{user: {CLEAN_USER}, form: "ssh -p PORT {CLEAN_USER}@IP"}}
-        paths: {{workdir: "{boxes}/{{host}}/work", state_dir: "{boxes}/{{host}}/state",
-                cache_dir: "{boxes}/cache"}}
-        storage:
-          - {{name: pod-disk, path: "{boxes}", survives_stop: true, survives_destroy: false,
-             network_fs: false}}
-        """))
     dest = tmp_path / "artifacts"
-    (isolated_home / ".config" / "gpurun" / "config.yaml").write_text(
-        f"pull: {{dest: \"{dest}\", settle_s: 0.2}}\n")
+    pods_on_rig(isolated_home / ".config" / "gpurun", boxes, CLEAN_USER, dest)
     project = tmp_path / "project"
     project.mkdir()
     (project / "README").write_text("offline teardown test\n")

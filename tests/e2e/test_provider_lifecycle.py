@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rigs.agents import gpurun, kill_agents_under
+from rigs.fake_providers import pods_on_rig
 from rigs.sshd import CLEAN_USER
 
 from providers.conftest import fake_for
@@ -74,22 +75,9 @@ def world(isolated_home, sshd, monkeypatch, tmp_path):
     monkeypatch.setenv("GPURUN_PROVIDER_POLL_S", "0.05")
     fake = fake_for("runpod", monkeypatch, ssh=("127.0.0.1", sshd.port))
     boxes = sshd.user_dir(CLEAN_USER, "pods")
-    profiles = isolated_home / ".config" / "gpurun" / "profiles"
-    profiles.mkdir(parents=True)
-    # the profile's ssh.user replaces RunPod's root login: the rig's clean user has no
-    # shell start-up files (a root .bashrc with pyenv can stall every login for a minute)
-    (profiles / "runpod.yaml").write_text(textwrap.dedent(f"""\
-        ssh: {{user: {CLEAN_USER}, form: "ssh -p PORT {CLEAN_USER}@IP"}}
-        paths: {{workdir: "{boxes}/{{host}}/work", state_dir: "{boxes}/{{host}}/state",
-                cache_dir: "{boxes}/cache"}}
-        storage:
-          - {{name: pod-disk, path: "{boxes}", survives_stop: true, survives_destroy: false,
-             network_fs: false}}
-        recovery: {{on_preempt: replace}}
-        """))
     dest = tmp_path / "artifacts"
-    (isolated_home / ".config" / "gpurun" / "config.yaml").write_text(
-        f"pull: {{dest: \"{dest}\", settle_s: 0.2, keep_latest: 1}}\n")
+    pods_on_rig(isolated_home / ".config" / "gpurun", boxes, CLEAN_USER, dest,
+                on_preempt="replace", keep_latest=1)
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_text(TRAIN)

@@ -10,11 +10,13 @@ Instances hand out ``ssh`` = (host, port) — point it at the loopback sshd rig.
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 import time
 import uuid
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 KEY = "sk-test-SECRET-9f8e7d6c5b4a"
@@ -204,3 +206,27 @@ def start_fake(provider: str, **kwargs) -> FakeProvider:
     cls = {"runpod": fake_clouds.FakeRunPod, "lambda": fake_clouds.FakeLambda,
            "vast": fake_clouds.FakeVast, "autodl": fake_clouds.FakeAutoDL}[provider]
     return cls(**kwargs).start()
+
+
+def pods_on_rig(config_dir: Path, boxes: Path, user: str, dest: Path, *, on_preempt: str | None = None,
+                keep_latest: int | None = None) -> None:
+    """gpurun config for the RunPod fake whose pods are the loopback sshd rig: a runpod profile
+    override putting each box's dirs under its own ``{host}`` folder in ``boxes``, and pulls to
+    ``dest``. ``config_dir`` is the ``gpurun`` folder under XDG_CONFIG_HOME."""
+    profiles = config_dir / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    # the profile's ssh.user replaces RunPod's root login: the rig's clean user has no
+    # shell start-up files (a root .bashrc with pyenv can stall every login for a minute)
+    text = textwrap.dedent(f"""\
+        ssh: {{user: {user}, form: "ssh -p PORT {user}@IP"}}
+        paths: {{workdir: "{boxes}/{{host}}/work", state_dir: "{boxes}/{{host}}/state",
+                cache_dir: "{boxes}/cache"}}
+        storage:
+          - {{name: pod-disk, path: "{boxes}", survives_stop: true, survives_destroy: false,
+             network_fs: false}}
+        """)
+    if on_preempt:
+        text += f"recovery: {{on_preempt: {on_preempt}}}\n"
+    (profiles / "runpod.yaml").write_text(text)
+    keep = f", keep_latest: {keep_latest}" if keep_latest is not None else ""
+    (config_dir / "config.yaml").write_text(f'pull: {{dest: "{dest}", settle_s: 0.2{keep}}}\n')

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.manifest import sha256_file
 from rigs.agents import gpurun
 
 from pullrig import job_state, wait_until
@@ -17,11 +17,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 def sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_file(str(path))
 
 
 def pull_json(host: str, dest: Path, *extra: str) -> dict:

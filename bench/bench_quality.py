@@ -179,6 +179,13 @@ def score_synthetic(seeds: int) -> dict:
             "latency_steps_p90": lat[int(len(lat) * 0.9)] if lat else None, "formats": list(FORMATS)}
 
 
+def append_jsonl(path: str, a: int, b: int) -> None:
+    """Append the steady records of steps [a, b) (the incremental check's new lines)."""
+    with open(path, "a") as f:
+        for i in range(a, b):
+            f.write('{"step": %d, "loss": 2.1, "lr": 3e-4, "grad_norm": 1.1, "tokens_per_s": 50000}\n' % i)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -197,18 +204,14 @@ def main() -> None:
     s, (tr, run, v) = cold_check(jl)
     out["jsonl_cold_s"] = round(s, 3)
     out["jsonl_mb"] = round(os.path.getsize(jl) / 1e6, 1)
-    with open(jl, "a") as f:  # incremental: 1,000 new lines, then read + judge
-        for i in range(n, n + 1000):
-            f.write('{"step": %d, "loss": 2.1, "lr": 3e-4, "grad_norm": 1.1, "tokens_per_s": 50000}\n' % i)
+    append_jsonl(jl, n, n + 1000)  # incremental: 1,000 new lines, then read + judge
     inc = []
     for rep in range(5):
         t = time.perf_counter()
         run = tr.update()
         judge(run, {})
         inc.append(time.perf_counter() - t)
-        with open(jl, "a") as f:
-            for i in range(n + 1000 * (rep + 1), n + 1000 * (rep + 2)):
-                f.write('{"step": %d, "loss": 2.1, "lr": 3e-4, "grad_norm": 1.1, "tokens_per_s": 50000}\n' % i)
+        append_jsonl(jl, n + 1000 * (rep + 1), n + 1000 * (rep + 2))
     out["incremental_1000_lines_ms"] = round(sorted(inc)[len(inc) // 2] * 1000, 2)
     os.remove(jl)  # it grew; regenerate next time
 

@@ -1,6 +1,6 @@
 """Agent verbs of the quality room: ``check`` judges one job's metrics on the host.
 
-Reply: the verdict dict of ``orchestrator.quality.judge`` plus ``job``, ``sparkline``,
+Reply: the verdict dict of ``orchestrator.quality.judge`` plus ``format``, ``job``, ``sparkline``,
 ``loss_points`` (down-sampled [step, value] pairs for the client's plot) and ``periodic``
 (the last periodic check's state). Its keys are a contract with ``orchestrator/cli/check.py``.
 """
@@ -34,15 +34,10 @@ def v_check(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
     targets = metrics_targets(job)
     if not targets:
         out = J.judge(Tracker([]).run, opts, ["no metrics declared (metrics=) or found in %s" % job["run_dir"]])
+        out["format"] = None
     else:
-        tr = Tracker(targets)
-        run = tr.update()
-        if req.get("upto_checkpoint"):
-            ck = checkpoint_step(job)
-            if ck is not None:
-                run = run.upto(ck)
-        out = J.judge(run, opts, tr.problems if not tr.readable() else None)
-        out["source"] = tr.active
+        upto = checkpoint_step(job) if req.get("upto_checkpoint") else None
+        out, run = J.judge_tracker(Tracker(targets), opts, upto)
         main = run.main_loss()
         out["sparkline"] = sparkline(main)
         out["loss_points"] = [[a, b if b == b and abs(b) != float("inf") else str(b)]

@@ -121,12 +121,9 @@ def _remote(host: str, job: str, opts: dict, upto_step: Optional[float]):
     with open_session(host) as s:
         out = s.call("check", req)
     run = Run(out.get("source") or "")
-    pts = [(float(a), float(b)) for a, b in out.get("loss_points") or []]
-    if pts:
-        run.add_record(pts[0][0], [(out.get("loss_series") or "loss", pts[0][1])])
-        for a, b in pts[1:]:
-            run.add_record(a, [(out.get("loss_series") or "loss", b)])
-    out.pop("loss_points", None)
+    name = out.get("loss_series") or "loss"
+    for a, b in out.pop("loss_points", None) or []:  # non-finite values travel as "nan"/"inf"
+        run.add_record(float(a), [(name, float(b))])
     return out, run
 
 

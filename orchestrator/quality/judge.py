@@ -161,13 +161,20 @@ def check(target: str, opts: Optional[dict] = None, upto_step: Optional[float] =
 def check_run(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,
               user_regex: Optional[str] = None) -> Tuple[dict, Run]:
     """Like ``check``, also returning the series it judged (for plots)."""
-    tr = Tracker.for_target(target, user_regex)
+    out, run = judge_tracker(Tracker.for_target(target, user_regex), opts, upto_step)
+    out["source"] = out["source"] or target
+    return out, run
+
+
+def judge_tracker(tr: Tracker, opts: Optional[dict] = None,
+                  upto_step: Optional[float] = None) -> Tuple[dict, Run]:
+    """Update ``tr`` and judge its run (cut at ``upto_step``); sets ``source`` and ``format``."""
     run = tr.update()
     if upto_step is not None:
         run = run.upto(upto_step)
     out = judge(run, opts, tr.problems if not tr.readable() else None)
-    out["source"] = tr.active or target
-    out["format"] = getattr(tr.source, "kind", None)
+    out["source"] = tr.active
+    out["format"] = tr.kind
     return out, run
 
 

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.fastpath import _NUMG
 from orchestrator.quality.readers_text import _KNOWN, _METRICISH, NUM_SPLIT, LineParser, _key_of
-from orchestrator.quality.series import MAX_SERIES, STEP_KEYS, SYNONYMS, Run, Series
+from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 
 # every separator str.splitlines() breaks on, so each row is exactly one splitlines() line
 _BRK = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -213,16 +213,13 @@ class OrderedScan:
             records += 1
         # numbers first (a bad token raises here, with the run untouched), then commit
         conv = [(rw, [(n, st, list(map(float, vs))) for n, (st, vs) in s.items()]) for rw, s in segments]
-        series = run.series
         for rw, cols in conv:
             if rw is not None:
                 run.rewind(rw)
             for name, st, vs in cols:
-                s = series.get(name)
+                s = run.column(name)
                 if s is None:
-                    if len(series) >= MAX_SERIES:
-                        continue
-                    s = series[name] = Series(name)
+                    continue
                 s.steps.fromlist(st)
                 s.values.fromlist(vs)
         run.last_step, run.first_step, run.planned_steps = last, first, planned

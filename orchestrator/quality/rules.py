@@ -32,6 +32,16 @@ def _r(x: float) -> float:
     return float("%.6g" % x) if isfinite(x) else str(x)  # type: ignore[return-value]
 
 
+def _trailing(flags: List[bool]) -> int:
+    """How many items at the end of ``flags`` are true: the length of a trailing streak."""
+    n = 0
+    for b in reversed(flags):
+        if not b:
+            break
+        n += 1
+    return n
+
+
 def windows(n: int) -> Tuple[int, int]:
     """(m, W): recent window and reference window, scaled down for short logs."""
     return min(20, max(3, n // 20)), min(200, max(10, n // 5))
@@ -45,11 +55,7 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             continue
         last = list(s.values[-5:])
         bad = [not isfinite(v) for v in last]
-        streak = 0
-        for b in reversed(bad):
-            if not b:
-                break
-            streak += 1
+        streak = _trailing(bad)
         if streak >= 2 or (sum(bad) >= 2 and len(bad) >= 3):
             k = len(s) - (streak if streak >= 2 else len(last) - bad.index(True))
             vals = s.values
@@ -75,11 +81,7 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
     out = []
     loss, grad = run.get("loss"), run.get("grad_norm")
     if loss is not None:
-        zeros = 0
-        for v in reversed(loss.values[-50:]):
-            if v != 0.0:
-                break
-            zeros += 1
+        zeros = _trailing([v == 0.0 for v in loss.values[-50:]])
         if zeros:
             first = loss.steps[len(loss) - zeros]
             gbad = grad is not None and all(not isfinite(v) or v == 0.0 for v in grad.values[-zeros:])
@@ -89,11 +91,7 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
     if grad is not None:
         tail = grad.values[-50:]
         bad = [not isfinite(v) for v in tail]
-        streak = 0
-        for b in reversed(bad):
-            if not b:
-                break
-            streak += 1
+        streak = _trailing(bad)
         nbad = sum(bad)
         if streak >= 5 or (nbad >= 10 and nbad > 0.2 * len(tail)):
             out.append(finding("nonfinite_grad", "stop", grad.steps[len(grad) - max(streak, 1)],

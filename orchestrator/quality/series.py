@@ -139,6 +139,15 @@ class Run:
                 s.values.fromlist([vals[i] for i in order])
             self.unsorted = False
 
+    def column(self, name: str) -> Optional[Series]:
+        """The series ``name``, created on first use; None once ``MAX_SERIES`` exist."""
+        s = self.series.get(name)
+        if s is None:
+            if len(self.series) >= MAX_SERIES:
+                return None
+            s = self.series[name] = Series(name)
+        return s
+
     def add_record(self, step: float, values: Iterable[Tuple[str, float]]) -> None:
         """Add one logged record. ``values`` are (canonical name, float) pairs."""
         last = self.last_step
@@ -151,7 +160,7 @@ class Run:
             self.first_step = step
         self.last_step = step
         series = self.series
-        for name, v in values:
+        for name, v in values:  # column() inlined: this loop runs once per logged value
             s = series.get(name)
             if s is None:
                 if len(series) >= MAX_SERIES:
@@ -169,11 +178,9 @@ class Run:
         elif step < last:
             self.rewind(step)
         self.last_step = step
-        s = self.series.get(name)
+        s = self.series.get(name) or self.column(name)  # an empty one is falsy: column() returns it
         if s is None:
-            if len(self.series) >= MAX_SERIES:
-                return
-            s = self.series[name] = Series(name)
+            return
         s.steps.append(step)
         s.values.append(v)
         self.records += 1

@@ -144,6 +144,11 @@ class Tracker:
     def readable(self) -> bool:
         return self.source is not None
 
+    @property
+    def kind(self) -> Optional[str]:
+        """The active reader's format (``jsonl``, ``csv``, ``tfevents``...), None when unreadable."""
+        return getattr(self.source, "kind", None)
+
 
 def _why(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):

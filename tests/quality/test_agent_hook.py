@@ -163,6 +163,7 @@ def test_check_verb_via_agent_process(store_job, tmp_path):
     out = reply["result"]
     assert out["verdict"] == "STOP" and out["job"]["name"] == "div" and out["loss_points"]
     assert out["sparkline"] and out["findings"][0]["code"] == "divergence"
+    assert out["format"] == "jsonl"  # the human output prints it: "format: ?" was the bug
     p = subprocess.run([sys.executable, "-m", "orchestrator.agent", "check", "--state-dir", str(state)],
                        input=json.dumps({"job": "nope"}), capture_output=True, text=True, timeout=60)
     reply = unframe(p.stdout)

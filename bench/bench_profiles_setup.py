@@ -7,6 +7,7 @@ Run: python bench/bench_profiles_setup.py   (needs openssh-server for the SSH fi
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,13 @@ def timed(fn, n: int) -> tuple[float, float]:
 
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="gpurun-bench-"))
+    try:
+        figures(home)
+    finally:  # the throwaway home holds a known_hosts and agent state: leave nothing behind
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def figures(home: Path) -> None:
     os.environ.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"),
                       XDG_CONFIG_HOME=str(home / "config"))
     from orchestrator.profiles import list_profiles, load_profile
@@ -55,8 +63,9 @@ def main() -> None:
 
     from rigs.sshd import CLEAN_USER, SshdRig, sshd_available
 
-    if sshd_available():
-        print("sshd not available: SSH figures skipped")
+    why = sshd_available()
+    if why:
+        print(f"SSH figures skipped: {why}")
         return
     rig = SshdRig()
     rig.start()

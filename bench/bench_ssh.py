@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -39,21 +42,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=10)
     args = ap.parse_args()
-    from rigs.sshd import CLEAN_USER, SshdRig
+    home, env, rig, cli = start_loopback_hosts("gpurun-bench-", [f"h{i:02d}" for i in range(20)])
+    from rigs.sshd import CLEAN_USER
 
-    home = Path(tempfile.mkdtemp(prefix="gpurun-bench-"))
-    env = dict(os.environ, HOME=str(home), XDG_DATA_HOME=str(home / "data"),
-               XDG_CONFIG_HOME=str(home / "config"))
-    os.environ.update(env)
-    from orchestrator import hosts, paths
-
-    rig = SshdRig()
-    rig.start()
-    cli = [sys.executable, "-m", "orchestrator.cli"]
     try:
-        rig.trust(paths.data_home() / "known_hosts")
-        for i in range(20):
-            hosts.add_host(rig.host_entry(CLEAN_USER, name=f"h{i:02d}", label=f"h{i:02d}"))
         ssh_true = timed(rig.ssh_argv(CLEAN_USER, "true"), env, args.repeat)
         timed(cli + ["queue", "status", "--host", "h00"], env, 1)  # ship + start the agent
         status = timed(cli + ["queue", "status", "--host", "h00"], env, args.repeat)
@@ -92,24 +84,48 @@ def main() -> None:
             "repeat": args.repeat,
         }, indent=2))
     finally:
-        _kill_agents([rig.home_of(CLEAN_USER), home], rig.run_id)
-        rig.close()
-        import shutil
-        shutil.rmtree(home, ignore_errors=True)
+        stop_loopback_hosts(rig, home)
 
 
-def _kill_agents(roots: list[Path], run_id: str) -> None:
-    """Stop the agent daemons this bench started (local one included) by their pidfiles."""
-    import signal
+def start_loopback_hosts(prefix: str, names: list[str]) -> tuple[Path, dict, Any, list[str]]:
+    """A throwaway gpurun home (also set in ``os.environ``), a started loopback sshd rig
+    with ``names`` registered as hosts (clean non-root user), and the CLI argv prefix.
+    Shared with bench_watch.py; pair it with ``stop_loopback_hosts``."""
+    from rigs.sshd import CLEAN_USER, SshdRig
 
-    for root in roots:
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    env = dict(os.environ, HOME=str(home), XDG_DATA_HOME=str(home / "data"),
+               XDG_CONFIG_HOME=str(home / "config"))
+    os.environ.update(env)
+    from orchestrator import hosts, paths
+
+    rig = SshdRig()
+    rig.start()
+    try:
+        rig.trust(paths.data_home() / "known_hosts")
+        for name in names:
+            hosts.add_host(rig.host_entry(CLEAN_USER, name=name, label=name))
+    except BaseException:
+        stop_loopback_hosts(rig, home)
+        raise
+    return home, env, rig, [sys.executable, "-m", "orchestrator.cli"]
+
+
+def stop_loopback_hosts(rig: Any, home: Path) -> None:
+    """Stop the agent daemons the bench started (local one included) by their pidfiles,
+    then the rig, then remove the throwaway home."""
+    from rigs.sshd import CLEAN_USER
+
+    for root in (rig.home_of(CLEAN_USER), home):
         for pidfile in Path(root).rglob("agent.pid"):
-            if run_id not in str(pidfile) and "gpurun-bench-" not in str(pidfile):
+            if rig.run_id not in str(pidfile) and str(home) not in str(pidfile):
                 continue
             try:
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+    rig.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_ssh import start_loopback_hosts, stop_loopback_hosts  # noqa: E402  (one loopback setup for both)
 
 
 def run_watch(cli: list, env: dict, n_hosts: int) -> float:
@@ -42,35 +40,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--hosts", type=int, default=20)
     args = ap.parse_args()
-    from rigs.sshd import CLEAN_USER, SshdRig
-
-    home = Path(tempfile.mkdtemp(prefix="gpurun-bench-watch-"))
-    env = dict(os.environ, HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"))
-    os.environ.update(env)
-    from orchestrator import hosts, paths
-
-    rig = SshdRig()
-    rig.start()
-    cli = [sys.executable, "-m", "orchestrator.cli"]
+    home, env, rig, cli = start_loopback_hosts("gpurun-bench-watch-", ["w%02d" % i for i in range(args.hosts)])
     try:
-        rig.trust(paths.data_home() / "known_hosts")
-        for i in range(args.hosts):
-            hosts.add_host(rig.host_entry(CLEAN_USER, name="w%02d" % i, label="w%02d" % i))
         first = run_watch(cli, env, args.hosts)  # ships the zipapp and starts 20 agents
         warm = [run_watch(cli, env, args.hosts) for _ in range(args.repeat)]
         print(json.dumps({"hosts": args.hosts, "first_run_s": round(first, 3),
                           "watch_once_json_median_s": round(statistics.median(warm), 3),
                           "watch_once_json_max_s": round(max(warm), 3), "repeat": args.repeat}, indent=2))
     finally:
-        for root in (rig.home_of(CLEAN_USER), home):
-            for pidfile in Path(root).rglob("agent.pid"):
-                if rig.run_id in str(pidfile) or str(home) in str(pidfile):
-                    try:
-                        os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
-                    except (OSError, ValueError):
-                        pass
-        rig.close()
-        shutil.rmtree(home, ignore_errors=True)
+        stop_loopback_hosts(rig, home)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from orchestrator.errors import ProfileError
+from orchestrator.health.watchdog import ACTIONS, HOST_CODES, JOB_CODES
 
 # --- the schema DSL ----------------------------------------------------------------------
 
@@ -48,11 +49,8 @@ _NONEMPTY = (lambda v: bool(v.strip()), "non-empty text")
 _MONTH = (lambda v: re.fullmatch(r"20\d\d-(0[1-9]|1[0-2])(-\d\d)?", v) is not None,
           "a date like 2026-06")
 
-# Mirrors orchestrator/health/watchdog.py (the consumer on the host); a test keeps them equal.
-POLICY_ACTIONS = ("record", "notify", "kill", "requeue")
-JOB_EVENTS = ("process_gone", "stalled", "data_bound", "no_gpu_memory")
-HOST_EVENTS = ("cgroup_memory_high", "oom_kill", "disk_full", "inodes_full", "reboot",
-               "gpu_fail", "gpu_warn")
+# Taken from orchestrator/health/watchdog.py, the consumer on the host, so the two cannot drift.
+POLICY_ACTIONS, JOB_EVENTS, HOST_EVENTS = ACTIONS, JOB_CODES, HOST_CODES
 
 HOW = Obj({"command": Str(nullable=True), "api": Str(nullable=True),
            "console": Str(nullable=True)}, required=True)

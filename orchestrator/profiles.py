@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator import paths
 from orchestrator.errors import ProfileError
+from orchestrator.health.watchdog import DEFAULT_POLICY
 from orchestrator.profile_schema import Validator, check_state_dir, node_marks
 
 # Applied under every profile, so YAML files state only what differs per provider.
@@ -23,10 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "watchdog": {
         "interval_s": 60, "stall_after_s": 1200, "no_gpu_grace_s": 300, "idle_util_pct": 5,
         "cgroup_mem_pct": 90, "disk_pct": 95, "inode_pct": 95,
-        "policy": {"process_gone": "record", "stalled": "notify", "data_bound": "record",
-                   "no_gpu_memory": "notify", "cgroup_memory_high": "notify",
-                   "oom_kill": "notify", "disk_full": "notify", "inodes_full": "notify",
-                   "reboot": "notify", "gpu_fail": "notify", "gpu_warn": "record"},
+        "policy": dict(DEFAULT_POLICY),  # the host watchdog's own defaults, one source
     },
     # VRAM zombies: a holder must be this old to be listed; reaping is always dry-run first.
     "reap": {"min_age_s": 120},
@@ -105,14 +103,20 @@ class Profile:
 
 
 def deep_merge(base: dict, over: dict) -> dict:
-    """``over`` wins; mappings merge key by key, lists and scalars replace."""
+    """``over`` wins; mappings merge key by key, lists and scalars replace. Neither input is
+    changed or shared with the result."""
     out = copy.deepcopy(base)
+    _merge_into(out, over)
+    return out
+
+
+def _merge_into(out: dict, over: dict) -> None:
+    # ``out`` is already a private copy: merge in place rather than copying each level again.
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
+            _merge_into(out[k], v)
         else:
             out[k] = copy.deepcopy(v)
-    return out
 
 
 def _read(path: Path) -> tuple[Any, dict]:

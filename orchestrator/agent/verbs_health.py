@@ -36,11 +36,9 @@ def v_reap(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
         cfg = watchdog.settings(ctx.config)
     except ValueError:
         cfg = watchdog.settings({})
-    running = ctx.store.jobs(["running"])
     min_age = float(req.get("min_age_s", (ctx.config.get("reap") or {}).get("min_age_s", reaper.MIN_AGE_S)))
-    plan = reaper.plan([j["id"] for j in running], [j["pid"] for j in running if j.get("pid")],
-                       device_glob=req.get("device_glob") or cfg["device_glob"], min_age_s=min_age,
-                       all_users=bool(req.get("all_users")))
+    plan = hook.reap_plan(ctx, device_glob=req.get("device_glob") or cfg["device_glob"], min_age_s=min_age,
+                          all_users=bool(req.get("all_users")))
     executed = None
     if req.get("kill"):
         executed = reaper.execute(plan, float(req.get("grace", 10.0)))

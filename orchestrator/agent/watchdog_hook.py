@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional
 from orchestrator.health.probe import FAKE_ENV, open_probe
 from orchestrator.health.verdict import host_verdict
 
-# notify (urllib), reaper, system and watchdog load inside tick(): the one-shot ``gpu`` and
-# ``snapshot`` verbs run from a zipapp that recompiles every module it imports.
+# notify (urllib), reaper, system and watchdog load inside the functions that use them: the
+# one-shot ``gpu`` and ``snapshot`` verbs run from a zipapp that recompiles every module it imports.
 
 STATE_KEY = "watchdog.state"
 FINDINGS_KEY = "watchdog.findings"
@@ -57,6 +57,14 @@ def gpu_report(config: Dict[str, Any], the_probe: Any = None) -> Dict[str, Any]:
             "reasons": verdict["reasons"], "gpus": rows, "_samples": samples, "_verdict": verdict}
 
 
+def reap_plan(ctx: Any, **kw: Any) -> Dict[str, Any]:
+    """``reaper.plan`` with this agent's running jobs (ids and pids) protected."""
+    from orchestrator.health import reaper
+
+    running = ctx.store.jobs(["running"])
+    return reaper.plan([j["id"] for j in running], [j["pid"] for j in running if j.get("pid")], **kw)
+
+
 def admission(ctx: Any, gpu_ids: List[int], need_mib: Optional[float] = None) -> Dict[str, Any]:
     """Admission check for the runner before placing a job on ``gpu_ids``: MiB free per GPU
     once VRAM zombies are gone; reaps them first only when the profile opts in
@@ -64,9 +72,7 @@ def admission(ctx: Any, gpu_ids: List[int], need_mib: Optional[float] = None) ->
     from orchestrator.health import reaper
 
     opts = ctx.config.get("reap") or {}
-    running = ctx.store.jobs(["running"])
-    plan = reaper.plan([j["id"] for j in running], [j["pid"] for j in running if j.get("pid")],
-                       min_age_s=float(opts.get("min_age_s", reaper.MIN_AGE_S)))
+    plan = reap_plan(ctx, min_age_s=float(opts.get("min_age_s", reaper.MIN_AGE_S)))
     rep = gpu_report(ctx.config)
     zombies = reaper.zombies_by_gpu(plan, rep["_samples"])
     mine = sorted({pid for g in gpu_ids for pid in zombies.get(g, [])})
@@ -170,7 +176,6 @@ def _forward(ctx: Any, notifier: Any) -> int:
 def tick(ctx: Any, now: Optional[float] = None, the_probe: Any = None,
          proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup", statvfs: Any = os.statvfs) -> List[Dict[str, Any]]:
     """One watchdog pass. Returns the kill/requeue actions it applied (for the runner)."""
-    from orchestrator.agent import notify
     from orchestrator.health import reaper, system, watchdog
 
     now = time.time() if now is None else now

@@ -60,6 +60,7 @@ def gpu(ctx: click.Context, host: str | None, expect: int | None, as_json: bool)
     Exits 0 on PASS or WARN and 2 on FAIL, so a script can decide to re-rent.
     """
     from orchestrator.core.session import open_session
+    from orchestrator.health.verdict import exit_code
 
     with open_session(host) as s:
         name = s.host["name"]
@@ -68,4 +69,4 @@ def gpu(ctx: click.Context, host: str | None, expect: int | None, as_json: bool)
         emit_json(dict(rep, host=name))
     else:
         render_gpu(name, rep)
-    ctx.exit(2 if rep["status"] == "FAIL" else 0)
+    ctx.exit(exit_code(rep["status"]))

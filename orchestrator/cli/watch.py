@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
+from orchestrator.cli.gpu import STATUS_STYLE as HEALTH_STYLE
 from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, iso
 from orchestrator.errors import GpurunError
 
-HEALTH_STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 SEV_STYLE = {"info": "dim", "warn": "yellow", "error": "red", "critical": "bold red"}
 
 
@@ -158,9 +158,8 @@ def render(hosts: list[dict]) -> Any:
 def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, timeout: float) -> None:
     """Live view of hosts, GPUs (util, memory, temperature, power, health) and jobs
     (state, runtime, last step and loss, watchdog findings)."""
-    from orchestrator.core.session import open_session
-
     from orchestrator.core import agentship
+    from orchestrator.core.session import open_session
 
     entries = _hosts(hosts)
     agentship.build()  # once, here: parallel first calls would race to write the same zipapp

@@ -117,6 +117,16 @@ class GpuProbe(Protocol):
     def close(self) -> None: ...
 
 
+class ReadyProbe:
+    """What every working probe shares: ``available`` with no ``reason``; ``close`` frees nothing."""
+
+    available = True
+    reason: Optional[str] = None
+
+    def close(self) -> None:
+        pass
+
+
 class NoDriver:
     """The state "no NVIDIA driver or library here": distinct from a failed call."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from .base import GpuProcess, GpuSample, NoDriver, throttle_names
+from .base import GpuProcess, GpuSample, NoDriver, ReadyProbe, throttle_names
 
 _MIB = 1024.0 * 1024.0
 _XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
@@ -22,12 +22,10 @@ def _text(value: Any) -> Optional[str]:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-class NvmlProbe:
+class NvmlProbe(ReadyProbe):
     """Reads every GPU through NVML. Construct with ``open_nvml()``; ``nvml`` is the module."""
 
     kind = "nvml"
-    available = True
-    reason: Optional[str] = None
 
     def __init__(self, nvml: Any) -> None:
         self._n = nvml

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from typing import Callable, Dict, List, Optional
 
-from .base import GpuProbe, GpuProcess, GpuSample, NoDriver, throttle_names
+from .base import GpuProbe, GpuProcess, GpuSample, NoDriver, ReadyProbe, throttle_names
 
 FAKE_ENV = "GPURUN_FAKE_NVML"
 _XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
@@ -123,12 +123,10 @@ def parse_smi_csv(text: str, fields: List[str]) -> List[GpuSample]:
     return out
 
 
-class SmiProbe:
+class SmiProbe(ReadyProbe):
     """Fallback when NVML's Python library is missing but ``nvidia-smi`` works."""
 
     kind = "nvidia-smi"
-    available = True
-    reason: Optional[str] = None
 
     def __init__(self, exe: str = "nvidia-smi", kernel_log: Callable[[], Optional[str]] = read_kernel_log):
         self.exe = exe
@@ -164,16 +162,11 @@ class SmiProbe:
         merge_kernel_xids(samples, self._kernel_log())
         return samples
 
-    def close(self) -> None:
-        pass
 
-
-class FakeProbe:
+class FakeProbe(ReadyProbe):
     """GPUs described by a JSON file; the seam tests and GPU-less demos use."""
 
     kind = "fake"
-    available = True
-    reason: Optional[str] = None
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -195,9 +188,6 @@ class FakeProbe:
         data = self._load()
         return [GpuSample.from_dict(g, "%s: gpus[%d]" % (self.path, i))
                 for i, g in enumerate(data.get("gpus") or [])]
-
-    def close(self) -> None:
-        pass
 
 
 def open_probe(env: Optional[Dict[str, str]] = None) -> GpuProbe:

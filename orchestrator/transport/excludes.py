@@ -79,12 +79,11 @@ def walk(root: Path, matcher: Matcher) -> Iterator[tuple[str, Path]]:
         base = Path(dirpath)
         rel_dir = base.relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        # os.walk lists a symlink to a directory among dirnames: send it as a link, never descend.
+        links = [d for d in dirnames if (base / d).is_symlink()]
         dirnames[:] = sorted(d for d in dirnames
-                             if not (base / d).is_symlink()
-                             and not matcher.excluded(rel_dir + d, True))
-        entries = list(filenames) + [d for d in os.listdir(base)
-                                     if (base / d).is_symlink() and (base / d).is_dir()]
-        for name in sorted(set(entries)):
+                             if d not in links and not matcher.excluded(rel_dir + d, True))
+        for name in sorted(set(filenames).union(links)):
             rel = rel_dir + name
             if not matcher.excluded(rel, False):
                 yield rel, base / name

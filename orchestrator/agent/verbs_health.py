@@ -65,15 +65,6 @@ def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[
             "step": p.get("step"), "loss": p.get("loss"), "reason": job.get("reason")}
 
 
-def _recent_id(store: Any) -> int:
-    """An event id just before the last ``SNAPSHOT_EVENTS`` (the store lists oldest first)."""
-    try:
-        row = store.db.execute("SELECT max(id) FROM events").fetchone()
-        return max(0, int(row[0] or 0) - SNAPSHOT_EVENTS)
-    except Exception:
-        return 0
-
-
 def v_snapshot(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
     """``{host, time, gpu: <gpu reply>, jobs: [..], findings: [..], events: [..], system: {..}}``:
     jobs are the active ones plus the last few finished; findings are the watchdog's last tick."""
@@ -82,7 +73,7 @@ def v_snapshot(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
     jobs = ctx.store.jobs(["running", "queued"])
     done = sorted(ctx.store.jobs(["succeeded", "failed", "cancelled", "quality_stopped"]),
                   key=lambda j: j.get("ended_at") or 0)[-int(req.get("finished", 5)):]
-    events: List[Dict[str, Any]] = ctx.store.events(_recent_id(ctx.store), None, SNAPSHOT_EVENTS)
+    events: List[Dict[str, Any]] = ctx.store.events(0, None, SNAPSHOT_EVENTS, newest=True)
     return {
         "host": ctx.config.get("host") or ctx.config.get("name") or socket.gethostname(), "time": now,
         "gpu": _public_gpu(hook.gpu_report(ctx.config)),

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from orchestrator.agent.procs import signal_group
 from orchestrator.health.probe import FAKE_ENV, open_probe
 from orchestrator.health.verdict import host_verdict
 
@@ -117,21 +118,11 @@ def _stop_job(ctx: Any, job: Dict[str, Any], finding: Dict[str, Any], action: st
         # kill: the runner sees cancel_requested on its next pass and escalates TERM -> KILL
     elif pid:
         grace = float(ctx.config.get("kill_grace_s", 10.0))
-        _signal_group(pid, signal.SIGTERM)
-        t = threading.Timer(grace, _signal_group, (pid, signal.SIGKILL))
+        signal_group(pid, signal.SIGTERM)
+        t = threading.Timer(grace, signal_group, (pid, signal.SIGKILL))
         t.daemon = True
         t.start()
     return {"action": action, "job_id": jid, "pid": pid, "code": finding["code"], "reason": fields["reason"]}
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except OSError:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
 
 
 def _queue_done(ctx: Any, now: float) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -20,10 +19,10 @@ from orchestrator.quality import judge as J
 from orchestrator.quality.options import opts_from_config
 from orchestrator.quality.plot import sparkline, write_plot
 from orchestrator.quality.sources import Tracker, discover
+from orchestrator.quality.steps import newest_step
 
 LADDER_S = (600, 1200, 1800, 3600)
 _TRACKERS: Dict[str, Tuple[Tuple[str, ...], Tracker]] = {}  # job id -> (targets, tracker), daemon lifetime
-_CKPT_STEP = re.compile(r"(?:checkpoint|ckpt|step|iter|global_step|epoch)[-_=]?(\d+)", re.I)
 
 
 def metrics_targets(job: dict, with_log: bool = True) -> List[str]:
@@ -119,13 +118,14 @@ def periodic_check(store, job: dict, now: float, config: dict) -> dict:
 
 
 def checkpoint_step(job: dict) -> Optional[float]:
-    """The newest checkpoint's step, from names like checkpoint-1200, ckpt_1200.pt, step=1200."""
+    """The newest checkpoint's step under the job's checkpoints path, read by the one rule
+    in ``quality.steps`` (the same one the controller's keep-latest-N uses)."""
     d = job.get("checkpoints")
     if not d or not os.path.exists(d):
         return None
     names = os.listdir(d) if os.path.isdir(d) else [os.path.basename(d)]
-    steps = [float(m.group(1)) for n in names for m in [_CKPT_STEP.search(n)] if m]
-    return max(steps) if steps else None
+    step = newest_step(names)
+    return float(step) if step is not None else None
 
 
 def resume_gate(job: dict, config: dict) -> dict:

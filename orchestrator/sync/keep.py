@@ -8,18 +8,17 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-_STEP = re.compile(r"(\d+)")
+from orchestrator.quality.steps import checkpoint_step, record_step
 
 
 def unit_step(unit: str) -> Optional[int]:
-    """The step a checkpoint unit stands for: the last number in its name, if any."""
-    nums = _STEP.findall(unit)
-    return int(nums[-1]) if nums else None
+    """The step a checkpoint unit stands for, by the same rule as the agent's resume gate
+    (``quality.steps.checkpoint_step``), so keep-latest-N and resume pick the same one."""
+    return checkpoint_step(unit)
 
 
 @dataclass
@@ -64,7 +63,7 @@ class KeepPolicy:
         by_step: dict[int, float] = {}
         for path in metrics_paths:
             for rec in _records(path):
-                step, val = rec.get("step"), rec.get(self.best_key)
+                step, val = record_step(rec), rec.get(self.best_key)
                 try:
                     step_i, val_f = int(float(step)), float(val)
                 except (TypeError, ValueError):

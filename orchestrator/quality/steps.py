@@ -1,0 +1,124 @@
+"""The one rule for reading a training step out of a checkpoint's name or a metrics record.
+
+The agent's resume gate and the controller's keep-latest-N both ask "which step is this
+checkpoint?"; if they answered differently they would resume from one checkpoint and keep
+another. Stdlib only (shipped to hosts with the agent).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, List, Mapping, Optional, Tuple
+
+from orchestrator.quality.series import STEP_KEYS
+
+# Words that announce the number glued or joined to them is the step.
+STEP_WORDS = frozenset({"step", "steps", "global_step", "globalstep", "iter", "iters", "iteration",
+                        "it", "num_updates", "update", "updates"})
+# Words whose number is the checkpoint's ordinal (HF ``checkpoint-500``, ``ckpt_1200``).
+CKPT_WORDS = frozenset({"checkpoint", "ckpt", "chkpt", "checkpoints"})
+EPOCH_WORDS = frozenset({"epoch", "epochs", "ep"})
+
+# What a name is made of: words (letters, may end in ``_step`` etc. after joining), whole
+# numbers, decimals (``val_loss=0.52``: never a step) and the separators between them.
+_TOKEN = re.compile(r"[a-z]+|\d+\.\d+|\d+|[^a-z\d]+")
+
+# Rank of each kind of evidence: an explicit step marker beats an HF checkpoint ordinal,
+# which beats a bare number, which beats an epoch (the fallback for epoch-only names).
+KIND_RANK = {"step": 4, "checkpoint": 3, "bare": 2, "epoch": 1}
+
+
+def _words_before(tokens: List[str], i: int) -> Tuple[str, str]:
+    """(separator, word) right before token ``i``; ``global_step`` and ``num_updates`` are
+    joined back so a marker split by ``_`` is still one word."""
+    sep = ""
+    j = i - 1
+    if j >= 0 and not tokens[j][0].isalnum():
+        sep, j = tokens[j], j - 1
+    if j < 0 or not tokens[j][0].isalpha():
+        return sep, ""
+    word = tokens[j]
+    if j >= 2 and tokens[j - 1] == "_" and tokens[j - 2].isalpha():
+        joined = tokens[j - 2] + "_" + word
+        if joined in STEP_WORDS:
+            word = joined
+    return sep, word
+
+
+def classify(name: str) -> List[Tuple[str, int]]:
+    """Every step-like number in ``name`` as (kind, value), kind one of ``KIND_RANK``.
+
+    Numbers that belong to another token are dropped: glued to letters that are not a marker
+    (``bf16``, ``fp32``, ``int8``, ``sm80``, ``v2``), glued to a following word (``7b``),
+    decimals, and values of other ``key=value`` pairs (``val_loss=0.52``)."""
+    tokens = _TOKEN.findall(name.lower())
+    out: List[Tuple[str, int]] = []
+    for i, tok in enumerate(tokens):
+        if not tok.isdigit():
+            continue
+        if i + 1 < len(tokens) and tokens[i + 1][0].isalpha():
+            continue  # "7b", "1e": a size or unit, not a step
+        sep, word = _words_before(tokens, i)
+        if sep not in ("", "-", "_", "=", ".") and word:
+            word = ""  # "step 12"? only tight joins name the number
+        if word in STEP_WORDS:
+            kind = "step"
+        elif word in CKPT_WORDS:
+            kind = "checkpoint"
+        elif word in EPOCH_WORDS:
+            kind = "epoch"
+        elif word == "of" or (word and (sep == "" or sep == "=")):
+            continue  # bf16, sm80, lr=3, "-of-00004": a number owned by some other token
+        else:
+            kind = "bare"
+        out.append((kind, int(tok)))
+    return out
+
+
+def checkpoint_step(name: str) -> Optional[int]:
+    """The step a checkpoint file or directory name stands for, or None (``best.pt``).
+
+    Order of evidence: an explicit ``step``/``global_step``/``iter``/``iteration`` marker
+    (``step1200``, ``step_1200``, ``step=1200``, ``step-000299``), then HF ``checkpoint-N``,
+    then the last bare number (``1200.pt``, ``model_1200``). An epoch-only name
+    (``epoch_7.pt``, ``epoch=7.ckpt``) returns the epoch: an ordering key among its epoch
+    siblings (a user who saves per epoch expects epoch 7 to be newer than epoch 6), not a
+    step; mixing epoch-named and step-named checkpoints in one directory is not comparable.
+    Lightning ``epoch=E-step=S.ckpt`` -> S; ``model_step1200_bf16`` -> 1200.
+    """
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    found = classify(base)
+    if not found:
+        return None
+    best = max(KIND_RANK[k] for k, _ in found)
+    return [v for k, v in found if KIND_RANK[k] == best][-1]
+
+
+def newest_step(names: Iterable[str]) -> Optional[int]:
+    """The highest ``checkpoint_step`` among names, or None when none carries a number."""
+    steps = [s for s in (checkpoint_step(n) for n in names) if s is not None]
+    return max(steps) if steps else None
+
+
+def record_step(rec: Mapping[str, object]) -> Optional[float]:
+    """The step of one metrics record (a JSONL object or CSV row), chosen as the quality
+    readers choose it for a line: the first step key seen, replaced by a higher-ranked one
+    only while the current key is a weak one (``it``, ``steps``); ``epoch`` only when no step
+    key is present."""
+    step: Optional[float] = None
+    rank = 0
+    epoch: Optional[float] = None
+    for key, val in rec.items():
+        k = str(key).strip().lower()
+        if k not in STEP_KEYS and k != "epoch":
+            continue
+        try:
+            f = float(val)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if k == "epoch":
+            if not isinstance(val, float) and "." not in str(val):
+                epoch = f  # a fractional epoch is progress, not a step (as the line parser)
+        elif step is None or (STEP_KEYS[k] > rank and rank < 3):
+            step, rank = f, STEP_KEYS[k]
+    return step if step is not None else epoch

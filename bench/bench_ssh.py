@@ -58,15 +58,15 @@ def main() -> None:
         from orchestrator.queuefile import parse_file
 
         with open_session("h02") as s:
-            s.call("status", {})
+            s.status()
             jobs, _ = to_jobs(parse_file(str(q)), s.host, str(q))
             t0 = time.perf_counter()
-            s.call("submit", {"jobs": jobs})
+            s.submit(jobs)
             submit_warm = time.perf_counter() - t0
             warm = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                s.call("status", {})
+                s.status()
                 warm.append(time.perf_counter() - t0)
 
         all_cmd = cli + ["queue", "status", "--all-hosts", "--json"]

@@ -1,6 +1,7 @@
 """Command line of the agent zipapp: ``python3 agent.pyz VERB --state-dir DIR``.
 
-Verbs read one JSON request on stdin and print one sentinel-framed JSON reply on stdout;
+Verbs (``orchestrator.agent.protocol``) read one JSON request on stdin and print one
+sentinel-framed envelope on stdout;
 ``daemon`` runs the loop, ``jobwrap`` runs one job attempt, ``ensure`` starts the daemon.
 """
 
@@ -32,7 +33,9 @@ def main(argv: list) -> int:
     if verb == "daemon":
         from orchestrator.agent.daemon import Daemon
         return Daemon(state_dir, os.path.abspath(sys.argv[0]), _arg(argv, "--build", "dev")).run()
+    from orchestrator.agent import AGENT_VERSION
     from orchestrator.agent.framing import frame
+    from orchestrator.agent.protocol import ERROR_KINDS, INTERNAL, PROTOCOL_VERSION
     try:
         raw = sys.stdin.read()
         req = json.loads(raw) if raw.strip() else {}
@@ -45,13 +48,14 @@ def main(argv: list) -> int:
         result = dispatch(verb, state_dir, req)
         out = {"ok": True, "result": result}
     except Exception as exc:  # every failure becomes a framed error reply, never a bare traceback
-        from orchestrator.agent.verbs import VerbError
-        if isinstance(exc, VerbError):
-            out = {"ok": False, "error": {"kind": exc.kind, "message": str(exc), "hint": exc.hint}}
+        kind = getattr(exc, "kind", None)
+        if isinstance(kind, str) and kind in ERROR_KINDS:  # VerbError, and the store's refusals
+            out = {"ok": False, "error": {"kind": kind, "message": str(exc), "hint": getattr(exc, "hint", "")}}
         else:
-            out = {"ok": False, "error": {"kind": "internal", "message": "%s: %s" % (type(exc).__name__, exc),
+            out = {"ok": False, "error": {"kind": INTERNAL, "message": "%s: %s" % (type(exc).__name__, exc),
                                           "hint": "agent traceback follows in 'trace'",
                                           "trace": traceback.format_exc()}}
+    out.update(agent=AGENT_VERSION, protocol=PROTOCOL_VERSION)
     sys.stdout.write(frame(out))
     sys.stdout.flush()
     return 0
@@ -83,23 +87,23 @@ def unpack_self() -> None:
 
 
 def dispatch(verb: str, state_dir: str, req: dict) -> dict:
-    from orchestrator.agent import daemon
+    from orchestrator.agent import control
     os.makedirs(state_dir, exist_ok=True)
     if verb == "ensure":
         unpack_self()
-        changed = "config" in req and daemon.write_config(state_dir, req["config"])
-        res = daemon.ensure(state_dir, os.path.abspath(sys.argv[0]), req.get("build", "dev"),
-                            detach=req.get("detach", "setsid"))
+        changed = "config" in req and control.write_config(state_dir, req["config"])
+        res = control.ensure(state_dir, os.path.abspath(sys.argv[0]), req.get("build", "dev"),
+                             detach=req.get("detach", "setsid"))
         if res["action"] == "none" and changed:
-            daemon.wake(state_dir)
+            control.wake(state_dir)
         return res
+    from orchestrator.agent.context import AgentContext
+    from orchestrator.agent.handlers import handler
     from orchestrator.agent.store import Store
-    from orchestrator.agent.verbs import lookup
-    handler = lookup(verb)
-    store = Store(daemon.files(state_dir)["db"])
+    fn = handler(verb)
+    store = Store(control.files(state_dir)["db"])
     try:
-        from orchestrator.agent.daemon import AgentContext
-        return handler(AgentContext(state_dir, store, daemon.load_config(state_dir)), req)
+        return fn(AgentContext(state_dir, store, control.load_config(state_dir)), req)
     finally:
         store.close()
 

@@ -74,7 +74,7 @@ class Periodic:
 
     def _gate(self, plan: Dict[str, Any]) -> Dict[str, Any]:
         """The teardown gate on the box: every artifact's current bytes verified at home."""
-        from orchestrator.agent.verbs_sync import unpulled
+        from orchestrator.agent.pulled import unpulled
         missing = unpulled(self.ctx)
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")

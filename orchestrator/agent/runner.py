@@ -20,7 +20,14 @@ from orchestrator.agent.gpus import visible_gpus
 from orchestrator.agent.store import Store
 
 KILL_GRACE_S = 10.0
-QUALITY_STOP_PREFIX = "stopped by quality check"
+QUALITY_STOP_PREFIX = "stopped by quality check"  # human text only; the cause is ``stop_cause``
+
+# Why a running job was asked to stop (the store's ``stop_cause``), written by whoever asks,
+# and the state its attempt ends in when it exits non-zero. None: the retry budget decides.
+STOP_QUALITY, STOP_WATCHDOG, STOP_USER, STOP_TIMEOUT = "quality", "watchdog", "user", "timeout"
+STOP_WATCHDOG_REQUEUE = "watchdog_requeue"
+STOP_OUTCOME = {STOP_QUALITY: S.QUALITY_STOPPED, STOP_WATCHDOG: S.CANCELLED, STOP_USER: S.CANCELLED,
+                STOP_TIMEOUT: None, STOP_WATCHDOG_REQUEUE: None}
 
 
 def exit_path(job: dict, attempt: int) -> str:
@@ -37,6 +44,12 @@ def read_exit(job: dict, attempt: int) -> Optional[int]:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+def stop_cause(job: dict) -> Optional[str]:
+    """Why the job's current attempt was asked to stop: the recorded cause, else a bare
+    cancel flag (the cancel verb sets only the flag) counts as the user's."""
+    return job.get("stop_cause") or (STOP_USER if job.get("cancel_requested") else None)
 
 
 class Runner:
@@ -94,7 +107,8 @@ class Runner:
                 self.signal_job(jid, pid, "cancel")
             elif job["timeout_s"] and job["started_at"] and now - job["started_at"] > job["timeout_s"] \
                     and jid not in self.kill_at:
-                self.store.update_fields(jid, [S.RUNNING], reason="timeout after %ss" % int(job["timeout_s"]))
+                self.store.update_fields(jid, [S.RUNNING], reason="timeout after %ss" % int(job["timeout_s"]),
+                                         stop_cause=STOP_TIMEOUT)
                 self.signal_job(jid, pid, "timeout")
             if jid in self.kill_at and now >= self.kill_at[jid]:
                 procs.signal_group(pid, signal.SIGKILL)
@@ -109,7 +123,8 @@ class Runner:
 
     def stop_for_quality(self, job: dict, summary: str) -> None:
         """TERM a running job the periodic quality check judged STOP (opt-in action)."""
-        self.store.update_fields(job["id"], [S.RUNNING], reason="%s: %s" % (QUALITY_STOP_PREFIX, summary))
+        self.store.update_fields(job["id"], [S.RUNNING], reason="%s: %s" % (QUALITY_STOP_PREFIX, summary),
+                                 stop_cause=STOP_QUALITY)
         pid = self.pids.get(job["id"])
         if pid and job["id"] not in self.kill_at:
             self.signal_job(job["id"], pid, "quality_stop")
@@ -140,23 +155,30 @@ class Runner:
         if code == 0:
             self.store.transition(jid, [S.RUNNING], S.SUCCEEDED, exit_code=0, ended_at=now, pid=None)
             return
-        if (job.get("reason") or "").startswith(QUALITY_STOP_PREFIX):
-            self.store.transition(jid, [S.RUNNING], S.QUALITY_STOPPED, exit_code=code, ended_at=now, pid=None)
+        cause = stop_cause(job)
+        if job["cancel_requested"] and STOP_OUTCOME.get(cause or "") is None:
+            cause = STOP_USER  # a cancel outranks a timeout or a requeue asked for earlier
+        outcome = STOP_OUTCOME.get(cause or "")
+        if outcome == S.QUALITY_STOPPED:
+            self.store.transition(jid, [S.RUNNING], S.QUALITY_STOPPED, exit_code=code, ended_at=now, pid=None,
+                                  stop_cause=cause)
             return
-        if job["cancel_requested"]:
-            why = job.get("reason") if (job.get("reason") or "").startswith("watchdog") else "cancelled by user"
+        if outcome == S.CANCELLED:
+            why = job.get("reason") if cause == STOP_WATCHDOG and job.get("reason") else "cancelled by user"
             self.store.transition(jid, [S.RUNNING], S.CANCELLED, exit_code=code, ended_at=now, pid=None,
-                                  reason=why)
+                                  reason=why, stop_cause=cause)
             return
         reason = job.get("reason") or ("exit code %d" % code if code is not None else
                                        "interrupted (process gone without an exit code)")
         used = job["attempt"] - job["attempt_base"]
         if used <= job["retries"]:
-            if self.store.transition(jid, [S.RUNNING], S.QUEUED, exit_code=code, pid=None, reason=reason):
+            if self.store.transition(jid, [S.RUNNING], S.QUEUED, exit_code=code, pid=None, reason=reason,
+                                     stop_cause=None):
                 self.store.add_event(jid, "retry", "warn", "attempt %d ended (%s); retrying (%d of %d retries used)"
                                      % (job["attempt"], reason, used, job["retries"]))
             return
-        self.store.transition(jid, [S.RUNNING], S.FAILED, exit_code=code, ended_at=now, pid=None, reason=reason)
+        self.store.transition(jid, [S.RUNNING], S.FAILED, exit_code=code, ended_at=now, pid=None, reason=reason,
+                              stop_cause=cause)
         self.store.add_event(jid, "failed", "error", "job %s failed: %s" % (job["name"], reason))
 
     # --- placing jobs -------------------------------------------------------------------
@@ -177,7 +199,7 @@ class Runner:
         for job in queued:
             if job["cancel_requested"]:
                 self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
-                                      reason="cancelled by user")
+                                      reason="cancelled by user", stop_cause=STOP_USER)
                 continue
             if free_gpus is not None:
                 need = max(1, job["gpus"] or 1)
@@ -212,7 +234,7 @@ class Runner:
             from orchestrator.agent.watchdog_hook import admission
         except ImportError:
             return True
-        from orchestrator.agent.daemon import AgentContext
+        from orchestrator.agent.context import AgentContext
         res = admission(AgentContext(self.state_dir, self.store, self.config, self), gpu_ids, need)
         if not res["ok"]:
             key = "admission_wait:%s" % job["id"]
@@ -242,7 +264,8 @@ class Runner:
         if res.get("allowed", True):
             return True
         why = "resume refused by quality gate: %s" % (res.get("summary") or res.get("verdict"))
-        if self.store.transition(job["id"], [S.QUEUED], S.QUALITY_STOPPED, ended_at=time.time(), reason=why):
+        if self.store.transition(job["id"], [S.QUEUED], S.QUALITY_STOPPED, ended_at=time.time(), reason=why,
+                                 stop_cause=STOP_QUALITY):
             self.store.add_event(job["id"], "quality_stopped", "error", why,
                                  {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")})
         return False
@@ -252,7 +275,7 @@ class Runner:
         now = time.time()
         if not self.store.transition(job["id"], [S.QUEUED], S.RUNNING, attempt=attempt, gpu_ids=gpu_ids,
                                      started_at=now, ended_at=None, exit_code=None, pid=None,
-                                     boot_id=self.boot, reason=None):
+                                     boot_id=self.boot, reason=None, stop_cause=None):
             return False
         os.makedirs(job["run_dir"], exist_ok=True)
         env = dict(os.environ)

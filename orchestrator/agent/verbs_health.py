@@ -1,16 +1,17 @@
 """Agent verbs of the health room: ``gpu`` (samples + verdict), ``reap`` (plan, and with
 ``kill`` execute), ``snapshot`` (everything ``gpurun watch`` shows for one host).
 
-Replies are plain JSON; their keys are a contract with ``orchestrator/cli/{gpu,reap,watch}.py``.
+Shapes: ``GpuReply``, ``ReapReply`` and ``SnapshotReply`` in ``orchestrator.agent.protocol``.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 from orchestrator.agent import watchdog_hook as hook
+from orchestrator.agent.context import AgentContext
 
 SNAPSHOT_EVENTS = 20
 
@@ -19,7 +20,7 @@ def _public_gpu(rep: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in rep.items() if not k.startswith("_")}
 
 
-def v_gpu(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+def v_gpu(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     """``{probe, available, driver, no_driver, status, reasons, gpus: [sample + status + reasons]}``."""
     cfg = dict(ctx.config)
     if req.get("expect_gpus") is not None:
@@ -27,7 +28,7 @@ def v_gpu(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
     return _public_gpu(hook.gpu_report(cfg))
 
 
-def v_reap(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+def v_reap(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     """``{plan: {candidates, skipped, device_glob, min_age_s, all_users}, executed: [..] | null,
     free_after_reap_mib: {index: MiB}}``. Kills only when ``kill`` is true."""
     from orchestrator.health import reaper, watchdog
@@ -65,7 +66,7 @@ def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[
             "step": p.get("step"), "loss": p.get("loss"), "reason": job.get("reason")}
 
 
-def v_snapshot(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
+def v_snapshot(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     """``{host, time, gpu: <gpu reply>, jobs: [..], findings: [..], events: [..], system: {..}}``:
     jobs are the active ones plus the last few finished; findings are the watchdog's last tick."""
     now = time.time()
@@ -82,8 +83,3 @@ def v_snapshot(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
         "system": last.get("host") or {},
         "events": [{k: e.get(k) for k in ("id", "ts", "job_id", "kind", "severity", "message")} for e in events],
     }
-
-
-VERBS: Dict[str, Callable[[Any, Dict[str, Any]], Dict[str, Any]]] = {
-    "gpu": v_gpu, "reap": v_reap, "snapshot": v_snapshot,
-}

@@ -2,26 +2,24 @@
 
 Reply: the verdict dict of ``orchestrator.quality.judge`` plus ``format``, ``job``, ``sparkline``,
 ``loss_points`` (down-sampled [step, value] pairs for the client's plot) and ``periodic``
-(the last periodic check's state). Its keys are a contract with ``orchestrator/cli/check.py``.
+(the last periodic check's state). Shapes: ``CheckRequest``/``CheckReply`` in ``orchestrator.agent.protocol``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Dict
 
+from orchestrator.agent.context import AgentContext
+from orchestrator.agent.protocol import BAD_INPUT, VerbError
 from orchestrator.agent.quality_hook import checkpoint_step, metrics_targets
-from orchestrator.agent.verbs import VerbError
 from orchestrator.quality import judge as J
 from orchestrator.quality.options import normalize_baseline, opts_from_config, parse_primary
 from orchestrator.quality.plot import _points, sparkline
 from orchestrator.quality.sources import Tracker
 
 
-def v_check(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
-    ref = req.get("job")
-    job = ctx.store.get_job(ref) if ref is not None else None
-    if job is None:
-        raise VerbError("no job %r on this host" % ref, "not_found", "see `gpurun queue status`")
+def v_check(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    job = ctx.find_job(req.get("job"))
     try:
         opts = opts_from_config(ctx.config, job)
         prim = req.get("primary")
@@ -30,7 +28,7 @@ def v_check(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
         if req.get("baseline"):
             opts["baseline"] = normalize_baseline(req["baseline"])
     except ValueError as exc:
-        raise VerbError(str(exc), "bad_input", "fix the --primary / --baseline value")
+        raise VerbError(str(exc), BAD_INPUT, "fix the --primary / --baseline value")
     targets = metrics_targets(job)
     if not targets:
         out = J.judge(Tracker([]).run, opts, ["no metrics declared (metrics=) or found in %s" % job["run_dir"]])
@@ -46,6 +44,3 @@ def v_check(ctx: Any, req: Dict[str, Any]) -> Dict[str, Any]:
     out["job"] = {"id": job["id"], "name": job["name"], "state": job["state"], "run_dir": job["run_dir"]}
     out["periodic"] = ctx.store.kv_get("quality:%s" % job["id"])
     return out
-
-
-VERBS: Dict[str, Callable[[Any, Dict[str, Any]], Dict[str, Any]]] = {"check": v_check}

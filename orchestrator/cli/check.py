@@ -119,7 +119,7 @@ def _remote(host: str, job: str, opts: dict, upto_step: Optional[float]):
                         for k, b in (opts.get("baseline") or {}).items()} or None,
            "upto_checkpoint": upto_step is not None}
     with open_session(host) as s:
-        out = s.call("check", req)
+        out = s.check(req)
     run = Run(out.get("source") or "")
     name = out.get("loss_series") or "loss"
     for a, b in out.pop("loss_points", None) or []:  # non-finite values travel as "nan"/"inf"

@@ -64,7 +64,7 @@ def gpu(ctx: click.Context, host: str | None, expect: int | None, as_json: bool)
 
     with open_session(host) as s:
         name = s.host["name"]
-        rep = s.call("gpu", {} if expect is None else {"expect_gpus": expect})
+        rep = s.gpu(expect)
     if as_json:
         emit_json(dict(rep, host=name))
     else:

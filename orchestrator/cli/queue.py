@@ -57,7 +57,7 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}")
     with open_session(host=entry) as s:
-        res = s.call("submit", {"jobs": jobs})
+        res = s.submit(jobs)
         added, present = res["added"], res["present"]
         stale = _stale_code_warning(entry, res.get("code"))
         if stale:
@@ -128,7 +128,7 @@ def render_table(host: str, jobs: list[dict]) -> None:
 def _status_of(name: str) -> dict:
     from orchestrator.core.session import open_session
     with open_session(name) as s:
-        return {"host": name, "jobs": s.call("status", {})["jobs"]}
+        return {"host": name, "jobs": s.status()["jobs"]}
 
 
 @queue.command()
@@ -182,16 +182,16 @@ def logs(job: str, host: str | None, follow: bool, tail_kb: int) -> None:
     from orchestrator.core.session import open_session
     out = click.get_text_stream("stdout")
     with open_session(host) as s:
-        res = s.call("logs", {"job": job, "offset": -1, "tail_bytes": tail_kb * 1024})
+        res = s.logs(job, -1, tail_kb * 1024)
         out.write(res["data"])
         out.flush()
         while follow and res["job"]["state"] in ("queued", "running"):
             time.sleep(0.5)
-            res = s.call("logs", {"job": res["job"]["id"], "offset": res["offset"]})
+            res = s.logs(res["job"]["id"], res["offset"])
             out.write(res["data"])
             out.flush()
         if follow:  # drain what was written between the last read and the end
-            res = s.call("logs", {"job": res["job"]["id"], "offset": res["offset"]})
+            res = s.logs(res["job"]["id"], res["offset"])
             out.write(res["data"])
 
 
@@ -209,10 +209,10 @@ def cancel(jobs: tuple[str, ...], host: str | None, all_: bool, yes: bool, as_js
         raise BadInput("name the job(s) to cancel, or pass --all", "e.g. `gpurun queue cancel 3` or `--all`")
     with open_session(host) as s:
         if all_ and not yes:
-            running = [j for j in s.call("status", {})["jobs"] if j["state"] == "running"]
+            running = [j for j in s.status()["jobs"] if j["state"] == "running"]
             if running:
                 _confirm_kill(s.host["name"], running)
-        res = s.call("cancel", {"jobs": list(jobs), "all": all_})
+        res = s.cancel(list(jobs), all_)
     if as_json:
         emit_json(res)
         return
@@ -238,7 +238,7 @@ def retry(job: str, host: str | None, force: bool) -> None:
     """Run a finished job again (the resume gate judges its metrics first)."""
     from orchestrator.core.session import open_session
     with open_session(host) as s:
-        res = s.call("retry", {"job": job, "force": force})
+        res = s.retry(job, force)
     j = res["job"]
     click.echo(f"{j['name']}: queued again (attempt {res['next_attempt']}){' with --force' if force else ''}")
 
@@ -253,7 +253,7 @@ def events(job: str | None, host: str | None, limit: int, as_json: bool) -> None
     """A job's history (or the host's): state changes, retries, watchdog and quality findings."""
     from orchestrator.core.session import open_session
     with open_session(host) as s:
-        evs = s.call("events", {"job": job, "limit": limit, "newest": True})["events"]
+        evs = s.events(job, limit, newest=True)["events"]
         name = s.host["name"]
     if as_json:
         emit_json({"host": name, "events": evs})

@@ -29,7 +29,7 @@ def reap(host: str | None, kill: bool, grace: float, all_users: bool, min_age: f
         req["min_age_s"] = min_age
     with open_session(host) as s:
         name = s.host["name"]
-        rep = s.call("reap", req, timeout=grace + 120)
+        rep = s.reap(req, timeout=grace + 120)
     if as_json:
         emit_json(dict(rep, host=name))
         return

@@ -35,7 +35,7 @@ def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float) 
     def one(name: str) -> dict:
         t0 = time.monotonic()
         try:
-            snap = sessions[name].call("snapshot", {}, timeout=timeout)
+            snap = sessions[name].snapshot(timeout=timeout)
             return {"host": name, "ok": True, "error": None, "elapsed_s": round(time.monotonic() - t0, 3), **snap}
         except GpurunError as exc:
             return {"host": name, "ok": False, "error": str(exc), "elapsed_s": round(time.monotonic() - t0, 3)}

@@ -99,7 +99,7 @@ def _sftp_factory(transport: Any) -> Callable[[], Any]:
 
 def _manifest(session: Any, jobs: Optional[list[str]], settle_s: float) -> dict:
     # hashing a new multi-GB checkpoint on the box can take a while: generous timeout
-    return session.call("manifest", {"jobs": jobs, "settle_s": settle_s}, timeout=3600)
+    return session.manifest(jobs, settle_s)
 
 
 def _mark_pulled(session: Any, job: dict, rec: Any) -> None:
@@ -107,7 +107,7 @@ def _mark_pulled(session: Any, job: dict, rec: Any) -> None:
     files = [{"path": f["path"], "sha256": f["sha256"]} for f in job["files"]
              if rec.files.get(f["path"], {}).get("state") in ("verified", "superseded")]
     try:
-        session.call("mark_pulled", {"job": job["id"], "files": files, "at": time.time()})
+        session.mark_pulled(job["id"], files)
     except GpurunError:
         pass  # best effort: without the record, autostop simply keeps the box running
 

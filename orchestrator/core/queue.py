@@ -52,7 +52,7 @@ def wait_for(session, ids: list[str], *, poll: float = 0.5, on_change: Callable[
     deadline = time.time() + timeout if timeout else None
     last: tuple = ()
     while True:
-        jobs = session.call("status", {"jobs": ids})["jobs"]
+        jobs = session.status(ids)["jobs"]
         key = tuple((j["id"], j["state"], j["attempt"]) for j in jobs)
         if key != last and on_change:
             on_change(jobs)

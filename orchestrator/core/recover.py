@@ -135,7 +135,7 @@ def _ensure_agent(entry: dict) -> list[dict] | None:
         from orchestrator.core.session import open_session
         with open_session(host=entry) as s:
             return [{k: j.get(k) for k in ("id", "name", "state", "attempt")}
-                    for j in s.call("status", {}, timeout=60).get("jobs", [])]
+                    for j in s.status(timeout=60)["jobs"]]
     except OperationalError:
         return None
 
@@ -201,7 +201,7 @@ def _move(old: dict, new: dict, jobs: list[dict], dest: Path, submit, progress) 
             if files:
                 progress(f"restoring {len(files)} file(s) of job {r['job']} to {new['name']}")
             r["bytes"] = relocate.upload(s, files)
-        res = s.call("submit", {"jobs": rows}) if rows else {"added": [], "present": []}
+        res = s.submit(rows) if rows else {"added": [], "present": []}
     return list(res.get("added", [])) + list(res.get("present", [])), restored, code
 
 
@@ -218,7 +218,7 @@ def _jobs_from(entry: dict, det: dict) -> tuple[list[dict], str]:
         try:
             from orchestrator.core.session import open_session
             with open_session(host=entry) as s:
-                live = list(s.call("status", {}, timeout=30).get("jobs", []))
+                live = list(s.status(timeout=30)["jobs"])
             # status has no env/source: the snapshot kept them from the submit
             return [dict(snap.get(j["id"], {}), **j) for j in live], "agent"
         except OperationalError:

@@ -70,7 +70,7 @@ def assess(session: Any, dest: Path, policy: Optional[KeepPolicy] = None) -> Ass
     copy (a bit flip since the pull counts as missing)."""
     host = session.host["name"]
     policy = policy or KeepPolicy()
-    man = session.call("manifest", {"jobs": None, "settle_s": 2.0}, timeout=3600)
+    man = session.manifest(None, 2.0)
     out = Assessment(host=host, dest=str(dest))
     for job in man.get("jobs", []):
         root = dest / job_dir_name(host) / job_dir_name(job["id"])

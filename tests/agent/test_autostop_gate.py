@@ -24,7 +24,7 @@ def test_autostop_waits_for_verified_pull(home, tmp_path):
     assert ev.returncode == 0
     from orchestrator.core.session import open_session
     with open_session() as s:
-        events = s.call("events", {})["events"]
+        events = s.events()["events"]
     refusals = [e for e in events if e["kind"] == "autostop" and "not verified at home" in e["message"]]
     assert refusals and "model.bin" in refusals[-1]["message"]
     pulled = gpurun("pull", "--dest", str(tmp_path / "home-copy"))
@@ -34,5 +34,5 @@ def test_autostop_waits_for_verified_pull(home, tmp_path):
         time.sleep(0.3)
     assert stopfile.exists(), "after a verified pull the idle box stops its meter"
     with open_session() as s:
-        events = s.call("events", {})["events"]
+        events = s.events()["events"]
     assert any(e["kind"] == "autostop" and "meter stopped" in e["message"] for e in events)

@@ -237,7 +237,7 @@ def test_state_dir_on_network_tier_refused_before_any_change(
 
 
 def test_boot_script_really_restarts_the_agent(box: dict) -> None:
-    from orchestrator.agent import daemon
+    from orchestrator.agent import control
     from orchestrator.core import agentship
 
     r = run_setup(load_profile("tbox"), box, LocalTransport(),
@@ -251,7 +251,7 @@ def test_boot_script_really_restarts_the_agent(box: dict) -> None:
     deadline = time.time() + 20
     info = None
     while time.time() < deadline and not (info and info["build"] == build):
-        info = daemon.running_daemon(str(state))
+        info = control.running_daemon(str(state))
         time.sleep(0.05)
     try:
         assert info and info["build"] == build and info["pid"]
@@ -260,7 +260,7 @@ def test_boot_script_really_restarts_the_agent(box: dict) -> None:
         if info and info["pid"]:
             os.kill(info["pid"], signal.SIGTERM)
             end = time.time() + 10
-            while daemon.running_daemon(str(state)) and time.time() < end:
+            while control.running_daemon(str(state)) and time.time() < end:
                 time.sleep(0.05)
 
 

@@ -26,7 +26,7 @@ def home(isolated_home):
 def _events(job: str) -> list:
     from orchestrator.core.session import open_session
     with open_session() as s:
-        return s.call("events", {"job": job})["events"]
+        return s.events(job)["events"]
 
 
 def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):

@@ -12,11 +12,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from orchestrator.agent import watchdog_hook
+from orchestrator.agent.context import AgentContext
 from orchestrator.agent.store import Store
 
 
@@ -74,7 +74,7 @@ def agent(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     store = Store(str(state / "agent.db"))
-    ctx = SimpleNamespace(state_dir=str(state), store=store, config={"name": "testbox"}, runner=None)
+    ctx = AgentContext(str(state), store, {"name": "testbox"})
     yield ctx
     store.close()
 

@@ -149,10 +149,10 @@ def test_reviewer_hook(tmp_path, cmd, answer):
 def test_check_verb_via_agent_process(store_job, tmp_path):
     store, job, run_dir = store_job
     _write(run_dir / "metrics.jsonl", diverging(0, 600, 400))
-    from orchestrator.agent import daemon
+    from orchestrator.agent import control
     state = tmp_path / "state"
     state.mkdir()
-    s2 = Store(daemon.files(str(state))["db"])
+    s2 = Store(control.files(str(state))["db"])
     s2.insert_jobs([dict(job, id="j2", name="div", env={})])
     s2.close()
     p = subprocess.run([sys.executable, "-m", "orchestrator.agent", "check", "--state-dir", str(state)],

@@ -49,7 +49,7 @@ def submit(host: dict, line: str) -> str:
 
     with open_session(host["name"]) as s:
         jobs, _ = to_jobs(parse_text(line + "\n", "q.txt"), s.host, "q.txt")
-        s.call("submit", {"jobs": jobs})
+        s.submit(jobs)
     return jobs[0]["id"]
 
 
@@ -57,7 +57,7 @@ def job_state(host: dict, job_id: str) -> dict:
     from orchestrator.core.session import open_session
 
     with open_session(host["name"]) as s:
-        return s.call("status", {"jobs": [job_id]})["jobs"][0]
+        return s.status([job_id])["jobs"][0]
 
 
 def wait_until(pred, timeout: float = 60, what: str = "condition"):

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.agent import manifest as M
 from orchestrator.agent.store import Store
-from orchestrator.agent.verbs_sync import manifest as manifest_verb
+from orchestrator.agent.verbs_sync import v_manifest as manifest_verb
 
 
 class Clock:
@@ -109,16 +109,14 @@ def test_manifest_verb_scopes_jobs_and_rejects_unknown_refs(tmp_path: Path):
     store.insert_jobs([{"id": "abc", "name": "one", "command": "true", "run_dir": str(run),
                         "log": str(run / "log.txt")}])
 
-    class Ctx:
-        state_dir = str(state)
-        config: dict = {}
+    from orchestrator.agent.context import AgentContext
 
-    Ctx.store = store
-    reply = manifest_verb(Ctx, {"jobs": ["one"], "settle_s": 0})
+    ctx = AgentContext(str(state), store, {})
+    reply = manifest_verb(ctx, {"jobs": ["one"], "settle_s": 0})
     assert [j["id"] for j in reply["jobs"]] == ["abc"]
     assert reply["schema"] == M.SCHEMA
-    from orchestrator.agent.verbs import VerbError
+    from orchestrator.agent.protocol import VerbError
 
     with pytest.raises(VerbError) as err:
-        manifest_verb(Ctx, {"jobs": ["nope"]})
+        manifest_verb(ctx, {"jobs": ["nope"]})
     assert err.value.kind == "not_found"

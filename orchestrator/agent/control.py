@@ -1,0 +1,144 @@
+"""The agent daemon's control files and its idempotent start: pidfile + flock + build file.
+
+One daemon per state dir, proven by an exclusive flock held for its whole life. ``ensure``
+is a no-op when a daemon of the same build holds the lock, and replaces an older build.
+Verbs use ``wake`` to have the daemon act on a change at once. Nothing here imports the
+runner or the store, so the one-shot verb processes stay light and free of import circles.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from typing import Optional
+
+from orchestrator.agent.protocol import AGENT_START, VerbError
+
+START_TIMEOUT_S = 15.0
+
+
+def files(state_dir: str) -> dict:
+    return {k: os.path.join(state_dir, v) for k, v in {
+        "lock": "agent.lock", "pid": "agent.pid", "build": "agent.build", "log": "agent.log",
+        "db": "gpurun.db", "config": "config.json"}.items()}
+
+
+def load_config(state_dir: str) -> dict:
+    try:
+        with open(files(state_dir)["config"]) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_config(state_dir: str, config: dict) -> bool:
+    """Store the host config the daemon runs with; returns False (and writes nothing, so
+    the daemon does not reload) when it is unchanged."""
+    text = json.dumps(config, indent=1, sort_keys=True)
+    path = files(state_dir)["config"]
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return False
+    except OSError:
+        pass
+    write_atomic(path, text)
+    return True
+
+
+def running_daemon(state_dir: str) -> Optional[dict]:
+    """``{"pid", "build"}`` of the daemon holding the lock, or None when none runs."""
+    f = files(state_dir)
+    try:
+        fd = os.open(f["lock"], os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        info = {"pid": None, "build": None}
+        for key in ("pid", "build"):
+            try:
+                with open(f[key]) as fh:
+                    info[key] = fh.read().strip()
+            except OSError:
+                pass
+        info["pid"] = int(info["pid"]) if info["pid"] and info["pid"].isdigit() else None
+        return info
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def wake(state_dir: str) -> None:
+    info = running_daemon(state_dir)
+    if info and info["pid"]:
+        try:
+            os.kill(info["pid"], signal.SIGUSR1)
+        except OSError:
+            pass
+
+
+def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout: float = START_TIMEOUT_S) -> dict:
+    """Make sure a daemon of ``build`` runs for ``state_dir``; returns what was done."""
+    os.makedirs(state_dir, exist_ok=True)
+    info = running_daemon(state_dir)
+    if info and info["build"] == build:
+        return {"action": "none", "pid": info["pid"], "build": build}
+    replaced = None
+    if info:
+        replaced = info["build"]
+        if info["pid"]:
+            try:
+                os.kill(info["pid"], signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.time() + timeout
+        while running_daemon(state_dir) and time.time() < deadline:
+            time.sleep(0.05)
+    argv = [sys.executable or "python3", pyz, "daemon", "--state-dir", state_dir, "--build", build]
+    log = open(files(state_dir)["log"], "ab")
+    if detach == "tmux" and _has("tmux"):
+        session = "gpurun-agent-%08x" % zlib.crc32(state_dir.encode())  # stable across processes
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        cmd = " ".join(shlex.quote(a) for a in argv) + " >> %s 2>&1" % shlex.quote(files(state_dir)["log"])
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, cmd], check=True,
+                       stdin=subprocess.DEVNULL, capture_output=True)
+    else:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True, close_fds=True)
+    log.close()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        info = running_daemon(state_dir)
+        if info and info["build"] == build:
+            return {"action": "replaced" if replaced else "started", "pid": info["pid"], "build": build,
+                    "previous": replaced}
+        time.sleep(0.02)
+    # operational, not a bug: a slow disk, a full one, or a crash at start (the log says which)
+    raise VerbError("the agent daemon did not start within %ds" % timeout, AGENT_START,
+                    "see the last lines of %s on the host; a full disk or a broken Python are the usual causes"
+                    % files(state_dir)["log"])
+
+
+def _has(prog: str) -> bool:
+    return any(os.access(os.path.join(p, prog), os.X_OK) for p in os.environ.get("PATH", "").split(os.pathsep))

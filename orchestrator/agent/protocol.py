@@ -1,0 +1,278 @@
+"""The agent protocol: every verb the controller may send, with its request and reply shapes.
+
+This module is the one contract between ``orchestrator/core/client.py`` (controller) and the
+agent's handlers (``orchestrator/agent/handlers.py``). It is stdlib only and ships inside the
+agent zipapp, so both ends import the very same names. A verb is one JSON request on stdin
+and one sentinel-framed envelope on stdout::
+
+    {"ok": true,  "result": <Reply>,                      "agent": VERSION, "protocol": N}
+    {"ok": false, "error": {"kind", "message", "hint"},   "agent": VERSION, "protocol": N}
+
+``kind`` is one of ``ERROR_KINDS``; the controller maps it to its error tree
+(``orchestrator.errors.from_agent``). Replies are checked against their shape's required keys
+(``missing_keys``), so a reply of the wrong shape is a protocol error naming both builds,
+never a ``KeyError`` deep in a command.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple, TypedDict
+
+# Bumped when a verb, a request key or a required reply key changes meaning.
+PROTOCOL_VERSION = 2
+
+# --- errors ---------------------------------------------------------------------------
+NOT_FOUND = "not_found"
+BAD_INPUT = "bad_input"
+CONFLICT = "conflict"
+UNKNOWN_VERB = "unknown_verb"
+STORE_TOO_NEW = "store_too_new"
+AGENT_START = "agent_start"
+INTERNAL = "internal"
+ERROR_KINDS = (NOT_FOUND, BAD_INPUT, CONFLICT, UNKNOWN_VERB, STORE_TOO_NEW, AGENT_START, INTERNAL)
+
+
+class VerbError(Exception):
+    """A request the agent refuses; ``kind`` (one of ``ERROR_KINDS``) maps to the client's
+    error tree, ``hint`` says what the user can do."""
+
+    def __init__(self, message: str, kind: str = BAD_INPUT, hint: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.hint = hint
+
+
+def job_not_found(ref: Any) -> VerbError:
+    """The one not-found error for a job reference (id, name or number)."""
+    return VerbError("no job %r on this host" % str(ref), NOT_FOUND,
+                     "see `gpurun queue status` for job names, ids and numbers")
+
+
+# --- the wire job -----------------------------------------------------------------------
+class Job(TypedDict):
+    """One job as it crosses the wire (a projection of the store's row)."""
+
+    id: str
+    seq: int
+    name: str
+    state: str
+    exit_code: Optional[int]
+    attempt: int
+    gpus: int
+    gpu_ids: List[int]
+    command: str
+    cwd: Optional[str]
+    log: str
+    run_dir: str
+    metrics: Optional[str]
+    checkpoints: Optional[str]
+    retries: int
+    timeout_s: Optional[float]
+    pid: Optional[int]
+    reason: Optional[str]
+    stop_cause: Optional[str]
+    submitted_at: float
+    started_at: Optional[float]
+    ended_at: Optional[float]
+
+
+JOB_KEYS: Tuple[str, ...] = tuple(Job.__annotations__)
+
+
+def wire_job(row: Dict[str, Any]) -> Job:
+    """The wire projection of a store row (missing columns travel as null)."""
+    return {k: row.get(k) for k in JOB_KEYS}  # type: ignore[return-value]
+
+
+class JobSpec(TypedDict, total=False):
+    """A job as submitted: ``id``, ``name`` and ``command`` are required."""
+
+    id: str
+    name: str
+    command: str
+    cwd: Optional[str]
+    env: Dict[str, str]
+    gpus: int
+    retries: int
+    timeout_s: Optional[float]
+    metrics: Optional[str]
+    checkpoints: Optional[str]
+    source: Optional[str]
+    attempt: int  # carried by a job moved from a lost box (`gpurun recover`)
+
+
+# --- requests and replies, verb by verb ---------------------------------------------------
+class SubmitRequest(TypedDict):
+    jobs: List[JobSpec]
+
+
+class SubmitReply(TypedDict):
+    added: List[str]
+    present: List[str]
+    code: Optional[Dict[str, Any]]  # the record `gpurun push` left on the box, for the stale-code warning
+
+
+class StatusRequest(TypedDict, total=False):
+    jobs: Optional[List[str]]  # refs; all jobs when absent
+
+
+class StatusReply(TypedDict):
+    jobs: List[Job]
+    daemon: Optional[Dict[str, Any]]
+
+
+class LogsRequest(TypedDict, total=False):
+    job: str
+    offset: int  # -1: the last ``tail_bytes``
+    tail_bytes: int
+    limit: int
+
+
+class LogsReply(TypedDict):
+    job: Job
+    data: str
+    offset: int
+
+
+class CancelRequest(TypedDict, total=False):
+    jobs: List[str]
+    all: bool
+
+
+class CancelReply(TypedDict):
+    cancelled: List[Dict[str, Any]]  # {id, name, result}
+
+
+class RetryRequest(TypedDict, total=False):
+    job: str
+    force: bool
+
+
+class RetryReply(TypedDict):
+    job: Job
+    next_attempt: int
+
+
+class EventsRequest(TypedDict, total=False):
+    job: Optional[str]
+    since_id: int
+    limit: int
+    newest: bool
+
+
+class EventsReply(TypedDict):
+    events: List[Dict[str, Any]]  # {id, ts, job_id, kind, severity, message, data}
+
+
+class GpuRequest(TypedDict, total=False):
+    expect_gpus: int
+
+
+class GpuReply(TypedDict):
+    probe: str
+    available: bool
+    driver: Optional[str]
+    no_driver: Optional[str]
+    status: str
+    reasons: List[Dict[str, Any]]
+    gpus: List[Dict[str, Any]]
+
+
+class ReapRequest(TypedDict, total=False):
+    kill: bool
+    grace: float
+    all_users: bool
+    min_age_s: float
+    device_glob: str
+
+
+class ReapReply(TypedDict):
+    plan: Dict[str, Any]
+    executed: Optional[List[Dict[str, Any]]]
+    free_after_reap_mib: Dict[str, float]
+
+
+class SnapshotRequest(TypedDict, total=False):
+    finished: int
+
+
+class SnapshotReply(TypedDict):
+    host: str
+    time: float
+    gpu: GpuReply
+    jobs: List[Dict[str, Any]]
+    findings: List[Dict[str, Any]]
+    findings_at: Optional[float]
+    system: Dict[str, Any]
+    events: List[Dict[str, Any]]
+
+
+class CheckRequest(TypedDict, total=False):
+    job: str
+    primary: Optional[List[str]]
+    baseline: Optional[Dict[str, Any]]
+    upto_checkpoint: bool
+
+
+class CheckReply(TypedDict):
+    verdict: str
+    reason: str
+    findings: List[Dict[str, Any]]
+    job: Dict[str, Any]
+
+
+class ManifestRequest(TypedDict, total=False):
+    jobs: Optional[List[str]]  # refs; all jobs when null
+    settle_s: float
+
+
+class ManifestReply(TypedDict):
+    schema: int
+    host_time: float
+    jobs: List[Dict[str, Any]]
+
+
+class MarkPulledRequest(TypedDict, total=False):
+    job: str
+    files: List[Dict[str, str]]  # {path, sha256}
+    at: float
+    where: str
+
+
+class MarkPulledReply(TypedDict):
+    job: str
+    files: int
+
+
+class Verb:
+    """A verb's name and its request and reply shapes."""
+
+    __slots__ = ("name", "request", "reply")
+
+    def __init__(self, name: str, request: Any, reply: Any):
+        self.name = name
+        self.request = request
+        self.reply = reply
+
+    def missing_keys(self, reply: Any) -> List[str]:
+        """Required reply keys that ``reply`` lacks (all of them when it is not an object)."""
+        if not isinstance(reply, dict):
+            return list(self.reply.__annotations__)
+        return [k for k in self.reply.__annotations__ if k not in reply]
+
+
+SUBMIT = Verb("submit", SubmitRequest, SubmitReply)
+STATUS = Verb("status", StatusRequest, StatusReply)
+LOGS = Verb("logs", LogsRequest, LogsReply)
+CANCEL = Verb("cancel", CancelRequest, CancelReply)
+RETRY = Verb("retry", RetryRequest, RetryReply)
+EVENTS = Verb("events", EventsRequest, EventsReply)
+GPU = Verb("gpu", GpuRequest, GpuReply)
+REAP = Verb("reap", ReapRequest, ReapReply)
+SNAPSHOT = Verb("snapshot", SnapshotRequest, SnapshotReply)
+CHECK = Verb("check", CheckRequest, CheckReply)
+MANIFEST = Verb("manifest", ManifestRequest, ManifestReply)
+MARK_PULLED = Verb("mark_pulled", MarkPulledRequest, MarkPulledReply)
+
+VERBS: Dict[str, Verb] = {v.name: v for v in (SUBMIT, STATUS, LOGS, CANCEL, RETRY, EVENTS, GPU, REAP, SNAPSHOT,
+                                               CHECK, MANIFEST, MARK_PULLED)}

@@ -1,0 +1,172 @@
+"""The controller's client of the agent: one typed method per verb of ``orchestrator.agent.protocol``.
+
+A call is one round trip: it runs the agent zipapp on the host (ensuring the daemon, with
+this host's config, on the client's first call) and decodes the sentinel-framed envelope.
+If the zipapp is missing it is pushed and the call repeated; nothing had run, so the repeat
+is safe. An error reply becomes the matching ``GpurunError`` (``errors.from_agent``); a
+reply of the wrong shape, or an unknown verb, is an ``AgentProtocolError`` naming both builds.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from typing import Any, List, Optional, cast
+
+from orchestrator import __version__
+from orchestrator.agent import AGENT_VERSION
+from orchestrator.agent import protocol as P
+from orchestrator.errors import AgentError, AgentProtocolError, from_agent
+from orchestrator.transport.base import rpath as rq
+from orchestrator.transport.framing import unframe
+
+NO_AGENT = 97
+# profile sections the agent runs with, and the host's own settings that win over them
+PROFILE_KEYS = ("watchdog", "quality", "autostop", "paths", "detach", "recovery", "reap", "notify")
+HOST_KEYS = ("expect_gpus", "gpus", "notify", "instance", "workdir", "min_free_mib")
+
+
+def host_config(host: dict) -> dict:
+    """The config the agent runs with: profile sections plus host overrides."""
+    from orchestrator.profiles import load_profile
+    cfg: dict[str, Any] = {"host": host["name"], "profile": host.get("profile"), "slots": host.get("slots") or 1}
+    prof = load_profile(host.get("profile") or "local")
+    for key in PROFILE_KEYS:
+        val = prof.get(key)
+        if val is not None:
+            cfg[key] = val
+    for key in HOST_KEYS:
+        if host.get(key) is not None:
+            cfg[key] = host[key]
+    cfg["provider"] = (host.get("instance") or {}).get("provider") or host.get("profile")
+    return cfg
+
+
+class AgentClient:
+    """A host's inventory entry, its transport, and the agent's verbs as methods."""
+
+    def __init__(self, host: dict, transport: Any):
+        self.host = host
+        self.transport = transport
+        self.ensured = False
+        self.state_dir = host.get("state_dir") or "~/.gpurun"
+        self.python = sys.executable if host.get("kind") == "local" else host.get("python", "python3")
+
+    # --- the verbs -------------------------------------------------------------------------
+    def submit(self, jobs: List[P.JobSpec]) -> P.SubmitReply:
+        res = cast(P.SubmitReply, self._call(P.SUBMIT, {"jobs": jobs}))
+        self._remember({"jobs": jobs}, res, "submit")
+        return res
+
+    def status(self, jobs: Optional[List[str]] = None, *, timeout: float = 120) -> P.StatusReply:
+        req: P.StatusRequest = {"jobs": jobs} if jobs else {}
+        res = cast(P.StatusReply, self._call(P.STATUS, req, timeout=timeout))
+        self._remember(req, res, "status")
+        return res
+
+    def logs(self, job: str, offset: int = -1, tail_bytes: int = 64 * 1024) -> P.LogsReply:
+        return cast(P.LogsReply, self._call(P.LOGS, {"job": job, "offset": offset, "tail_bytes": tail_bytes}))
+
+    def cancel(self, jobs: List[str], all_: bool = False) -> P.CancelReply:
+        return cast(P.CancelReply, self._call(P.CANCEL, {"jobs": jobs, "all": all_}))
+
+    def retry(self, job: str, force: bool = False) -> P.RetryReply:
+        return cast(P.RetryReply, self._call(P.RETRY, {"job": job, "force": force}))
+
+    def events(self, job: Optional[str] = None, limit: int = 1000, *, newest: bool = False,
+               since_id: int = 0) -> P.EventsReply:
+        req: P.EventsRequest = {"job": job, "limit": limit, "newest": newest, "since_id": since_id}
+        return cast(P.EventsReply, self._call(P.EVENTS, req))
+
+    def gpu(self, expect_gpus: Optional[int] = None) -> P.GpuReply:
+        req: P.GpuRequest = {} if expect_gpus is None else {"expect_gpus": expect_gpus}
+        return cast(P.GpuReply, self._call(P.GPU, req))
+
+    def reap(self, req: P.ReapRequest, *, timeout: float = 120) -> P.ReapReply:
+        return cast(P.ReapReply, self._call(P.REAP, req, timeout=timeout))
+
+    def snapshot(self, *, timeout: float = 120) -> P.SnapshotReply:
+        return cast(P.SnapshotReply, self._call(P.SNAPSHOT, {}, timeout=timeout))
+
+    def check(self, req: P.CheckRequest) -> P.CheckReply:
+        return cast(P.CheckReply, self._call(P.CHECK, req))
+
+    def manifest(self, jobs: Optional[List[str]] = None, settle_s: float = 2.0) -> P.ManifestReply:
+        # hashing a new multi-GB checkpoint on the box can take a while: a generous timeout
+        return cast(P.ManifestReply, self._call(P.MANIFEST, {"jobs": jobs, "settle_s": settle_s}, timeout=3600))
+
+    def mark_pulled(self, job: str, files: List[dict], where: str = "home") -> P.MarkPulledReply:
+        req: P.MarkPulledRequest = {"job": job, "files": files, "at": time.time(), "where": where}
+        return cast(P.MarkPulledReply, self._call(P.MARK_PULLED, req))
+
+    def close(self) -> None:
+        self.transport.close()
+
+    # --- the round trip ----------------------------------------------------------------------
+    def _remember(self, req: Any, res: Any, verb: str) -> None:
+        """Keep the controller-side copy of the job table for `gpurun recover`."""
+        from orchestrator.core import snapshot
+        snapshot.record(self.host, verb, req, res)
+
+    def _detach(self, cfg: dict) -> str:
+        d = cfg.get("detach")
+        return (d.get("method") if isinstance(d, dict) else d) or "setsid"
+
+    def _call(self, verb: P.Verb, payload: Any, *, timeout: Optional[float] = 120) -> dict:
+        from orchestrator.core import agentship
+        build, pyz = agentship.build()
+        rpyz = f"{self.state_dir}/bin/agent-{build}.pyz"
+        rdir = f"{self.state_dir}/bin/agent-{build}"
+        req = dict(payload or {})
+        py = shlex.quote(self.python)
+        args = f"{shlex.quote(verb.name)} --state-dir {rq(self.state_dir)}"
+        # the unpacked copy (bytecode cached) when present, else the zipapp, else ask for it
+        cmd = (f"if [ -f {rq(rdir + '/__main__.py')} ]; then exec {py} {rq(rdir + '/__main__.py')} {args}; "
+               f"elif [ -f {rq(rpyz)} ]; then exec {py} {rq(rpyz)} {args}; "
+               f"else echo GPURUN-NO-AGENT; exit {NO_AGENT}; fi")
+        if not self.ensured:
+            cfg = host_config(self.host)
+            req["_config"] = cfg
+            cmd = cmd.replace(args, f"{args} --ensure {build} --detach {shlex.quote(self._detach(cfg))}")
+        body = json.dumps(req)
+        res = self.transport.run(cmd, input=body, timeout=timeout)
+        if res.exit_code == NO_AGENT and "GPURUN-NO-AGENT" in res.stdout:
+            self.transport.run(f"mkdir -p {rq(self.state_dir + '/bin')}", timeout=60)
+            self.transport.put(str(pyz), rpyz)
+            res = self.transport.run(cmd, input=body, timeout=timeout)
+        try:
+            envelope = unframe(res.stdout)
+        except ValueError:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+            hint = "is python3 (>= 3.8) installed on the host?" if res.exit_code == 127 else \
+                "see the agent log in the host's state dir (agent.log)"
+            raise AgentError(f"agent on {self.host['name']} gave no reply to {verb.name!r} (exit {res.exit_code}): "
+                             + " | ".join(tail)[:400], hint) from None
+        self.ensured = True
+        if not isinstance(envelope, dict) or ("ok" not in envelope):
+            raise self._mismatch(verb, envelope, "an envelope without 'ok'")
+        if not envelope["ok"]:
+            err = envelope.get("error") or {}
+            kind, msg, hint = err.get("kind"), err.get("message", "agent error"), err.get("hint") or None
+            if kind == P.INTERNAL:
+                msg, hint = (f"agent bug on {self.host['name']}: {msg}",
+                             "please report it with the output of `gpurun queue status --json` and the agent log")
+            elif kind == P.UNKNOWN_VERB:
+                raise self._mismatch(verb, envelope, msg)
+            raise from_agent(str(kind), msg, hint)
+        result = envelope.get("result")
+        missing = verb.missing_keys(result)
+        if missing:
+            raise self._mismatch(verb, envelope, "a reply without " + ", ".join(missing))
+        return result
+
+    def _mismatch(self, verb: P.Verb, envelope: Any, what: str) -> AgentProtocolError:
+        theirs = envelope if isinstance(envelope, dict) else {}
+        return AgentProtocolError(
+            f"agent on {self.host['name']} answered {verb.name!r} with {what} (controller gpurun {__version__}, "
+            f"agent {AGENT_VERSION}, protocol {P.PROTOCOL_VERSION}; box agent {theirs.get('agent', 'unknown')}, "
+            f"protocol {theirs.get('protocol', 'unknown')})",
+            "the controller and the agent on the box are different builds: reinstall gpurun here "
+            "(pip install -e .), then run the command again to replace the agent")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from orchestrator.errors import TransportError
+from orchestrator.transport.openssh import host_argv
 
 CHUNK = 1 << 20
 WRITEBACK = 16 << 20  # start writeback of what the tail hasher has read, every 16 MiB
@@ -262,23 +263,6 @@ class _TailHasher:
 
 
 def ssh_argv_for(host: dict, known_hosts: Optional[str] = None) -> tuple[list[str], str]:
-    """OpenSSH client argv (without the target) and ``user@host`` for an inventory entry.
-
-    Host keys are checked against gpurun's known_hosts when that file exists (the file
-    ``gpurun host add`` writes), never silently accepted."""
-    ssh = host.get("ssh") or {}
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15",
-            "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR"]
-    if ssh.get("alias"):
-        return argv, ssh["alias"]
-    if ssh.get("port"):
-        argv += ["-p", str(ssh["port"])]
-    if ssh.get("key"):
-        argv += ["-i", os.path.expanduser(str(ssh["key"])), "-o", "IdentitiesOnly=yes"]
-    if ssh.get("proxy_jump"):
-        argv += ["-J", str(ssh["proxy_jump"])]
-    if known_hosts and os.path.exists(known_hosts):
-        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
-    user = ssh.get("user")
-    hostname = ssh.get("hostname") or host.get("name")
-    return argv, (f"{user}@{hostname}" if user else str(hostname))
+    """OpenSSH client argv (without the target) and ``user@host`` for an inventory entry:
+    the same argv and host-key policy as a push (``transport.openssh.host_argv``)."""
+    return host_argv(host, known_hosts)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from orchestrator.errors import OperationalError, TransportError
 from orchestrator.transport.excludes import Matcher, walk
+from orchestrator.transport.openssh import openssh_argv, rsync_host
 from orchestrator.transport.sshconfig import Endpoint
 
 if TYPE_CHECKING:
@@ -26,39 +27,12 @@ if TYPE_CHECKING:
 _RSYNC_OK = (0, 24)  # 24: some source files vanished while copying, harmless for code
 
 
-def _pct(s: str) -> str:
-    return s.replace("%", "%%")  # ssh expands %-tokens in ProxyCommand / IdentityFile
-
-
 def openssh_args(t: "SSHTransport", hop: Endpoint | None = None, *, with_target: bool = True
                  ) -> list[str]:
     """argv for the OpenSSH client equivalent to the transport's own connection: same
-    keys, same jump chain, same known_hosts policy; ``~/.ssh/config`` is not re-read."""
-    hop = hop or t.endpoint
-    argv = ["ssh", "-F", "/dev/null", "-p", str(hop.port), "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={max(1, int(t.connect_timeout))}",
-            "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
-            "-o", "LogLevel=ERROR"]
-    if t.insecure:
-        argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    else:
-        argv += ["-o", "StrictHostKeyChecking=yes",
-                 "-o", f"UserKnownHostsFile={_pct(str(t.known_hosts))}"]
-    for key in hop.keys:
-        argv += ["-i", _pct(key)]
-    if hop.keys:
-        argv += ["-o", "IdentitiesOnly=yes"]
-    if hop.jumps:
-        *outer, last = hop.jumps
-        inner = Endpoint(last.hostname, last.port, last.user, last.keys, last.proxy_command,
-                         tuple(outer))
-        proxy = openssh_args(t, inner, with_target=False) + ["-W", "%h:%p", f"{last.user}@{last.hostname}"]
-        argv += ["-o", "ProxyCommand=" + " ".join(shlex.quote(a) for a in proxy)]
-    elif hop.proxy_command:
-        argv += ["-o", "ProxyCommand=" + hop.proxy_command]
-    if with_target:
-        argv += ["-l", hop.user]
-    return argv
+    keys, same jump chain, same known_hosts policy (built by ``openssh.openssh_argv``)."""
+    return openssh_argv(hop or t.endpoint, t.known_hosts, insecure=t.insecure,
+                        connect_timeout=t.connect_timeout, with_target=with_target)
 
 
 def _probe(t: "SSHTransport", remote_dir: str) -> tuple[str, bool, bool]:
@@ -112,8 +86,7 @@ def _rsync(t: "SSHTransport", src: Path, abs_dir: str, excludes: Sequence[str]):
     if t.rsync_path:
         argv.append(f"--rsync-path={t.rsync_path}")
     argv += [f"--exclude={p}" for p in excludes]
-    host = t.endpoint.hostname
-    host = f"[{host}]" if ":" in host else host
+    host = rsync_host(t.endpoint)
     # rsync >= 3.2.4 escapes remote args itself; older ones need --protect-args (-s).
     argv += ["-s", str(src) + "/", f"{host}:{abs_dir}/"]
     try:

@@ -3,18 +3,25 @@
 Subcommands load lazily (``LAZY`` maps a name to ``module:attribute``) so ``gpurun --help``
 and quick verbs do not pay for fabric, boto3 or rich. ``main`` is the one place where a
 ``GpurunError`` becomes a one-line message, a hint and an exit code.
+
+When the invoked command takes ``--json`` and the command line has it, a failure is printed on
+stdout as ``{"error": {"code", "message", "hint"}}`` instead (the exit code is the same), so
+``gpurun X --json | jq`` always sees one JSON document. Without ``--json`` the human form
+(``gpurun: error: ...`` and ``  hint: ...`` on stderr) is unchanged.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
+from typing import Any
 
 import click
 
 from orchestrator import __version__
-from orchestrator.errors import GpurunError
+from orchestrator.errors import CLI_CODES, GpurunError
 
 # name -> (module:attr, one-line help). Help text is here so --help imports nothing else.
 LAZY: dict[str, tuple[str, str]] = {
@@ -76,26 +83,136 @@ def cli() -> None:
     """
 
 
-def main(argv: list[str] | None = None) -> None:
+def _leaf_command(args: list[str]) -> click.Command | None:
+    """The command the line ``args`` invokes (parsed leniently: no callbacks, no errors), or
+    None when it names no command (e.g. a typo in the subcommand)."""
+    cmd: click.Command = cli
+    ctx = cli.make_context("gpurun", list(args), resilient_parsing=True)
+    while isinstance(cmd, click.Group):
+        protected = getattr(ctx, "_protected_args", None)
+        if protected is None:  # click < 8.2
+            protected = getattr(ctx, "protected_args", [])
+        rest = [*protected, *ctx.args]
+        if not rest:
+            return cmd
+        name, sub, rest = cmd.resolve_command(ctx, rest)
+        if sub is None:
+            return None
+        ctx = sub.make_context(name or sub.name or "", rest, parent=ctx, resilient_parsing=True)
+        cmd = sub
+    return cmd
+
+
+def _json_requested(args: list[str]) -> bool:
+    """Whether this command line asked for ``--json``: the token appears before any ``--``,
+    after the subcommand (``gpurun --json ...`` is not a JSON request: the root has no such
+    option), and the invoked command declares ``--json``. Never raises."""
+    head = args[:args.index("--")] if "--" in args else args
+    if "--json" not in head:
+        return False
+    first_word = next((i for i, a in enumerate(head) if not a.startswith("-")), None)
+    if first_word is None or "--json" not in head[first_word + 1:]:
+        return False
     try:
-        rv = cli.main(args=argv, prog_name="gpurun", standalone_mode=False)
+        leaf = _leaf_command(args)
+    except Exception:  # noqa: BLE001 - a line we cannot even resolve: trust the token
+        return True
+    if leaf is None:  # unknown subcommand: still a usage error the script should see as JSON
+        return True
+    return any("--json" in getattr(p, "opts", ()) for p in leaf.params)
+
+
+class _StdoutWatch:
+    """``sys.stdout`` while a command runs, noting whether anything was written to it: a command
+    that already printed its own JSON document (``down --json`` refused, ``setup --json`` with
+    problems) keeps stdout to that one document, and its error goes to stderr as before."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.wrote = False
+
+    def write(self, text: Any) -> Any:
+        if text:
+            self.wrote = True
+        return self._stream.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _emit_error(code: str, message: str, hint: str | None) -> None:
+    """One strict JSON document on stdout: ``{"error": {"code", "message", "hint"}}``."""
+    body: dict[str, Any] = {"error": {"code": code, "message": str(message),
+                                      "hint": None if hint is None else str(hint)}}
+    try:
+        sys.stdout.write(json.dumps(body, indent=2, allow_nan=False) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+
+
+def _usage_message(exc: click.ClickException) -> tuple[str, str | None]:
+    """A usage error as (message, hint): click's text, and the help command to run."""
+    hint = None
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        hint = f"see `{ctx.command_path} --help`"
+    return exc.format_message(), hint
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    watch = _StdoutWatch(sys.stdout)
+
+    def as_json() -> bool:
+        return not watch.wrote and _json_requested(args)
+
+    sys.stdout = watch
+    try:
+        rv = cli.main(args=args, prog_name="gpurun", standalone_mode=False)
     except GpurunError as err:
-        click.echo(f"gpurun: error: {err.message}", err=True)
-        if err.hint:
-            click.echo(f"  hint: {err.hint}", err=True)
+        if as_json():
+            _emit_error(err.code, err.message, err.hint)
+        else:
+            click.echo(f"gpurun: error: {err.message}", err=True)
+            if err.hint:
+                click.echo(f"  hint: {err.hint}", err=True)
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
-        click.echo("gpurun: aborted", err=True)
-        sys.exit(1)
+        if as_json():
+            _emit_error("aborted", "aborted", None)
+        else:
+            click.echo("gpurun: aborted", err=True)
+        sys.exit(CLI_CODES["aborted"][1])
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        usage = isinstance(exc, click.UsageError)
+        if as_json():
+            message, hint = _usage_message(exc) if usage else (exc.format_message(), None)
+            _emit_error("usage" if usage else "error", message, hint)
+        else:
+            exc.show()
+        sys.exit(CLI_CODES["usage"][1] if usage else exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("gpurun: interrupted", err=True)
-        sys.exit(130)
+        if as_json():
+            _emit_error("interrupted", "interrupted", None)
+        else:
+            click.echo("gpurun: interrupted", err=True)
+        sys.exit(CLI_CODES["interrupted"][1])
     except BrokenPipeError:
         sys.exit(0)
+    except Exception as exc:  # a bug: keep the traceback (stderr), but scripts still get JSON
+        if as_json():
+            _emit_error("internal", f"{type(exc).__name__}: {exc}",
+                        "this is a bug in gpurun; please report it with the traceback on stderr")
+        raise
     else:
         sys.exit(rv if isinstance(rv, int) else 0)
+    finally:
+        if sys.stdout is watch:
+            sys.stdout = watch._stream

@@ -1,0 +1,233 @@
+"""Stable error codes: every class in the tree has a unique one, agent replies map to the right
+class, and ``--json`` failures come out as ``{"error": {"code", "message", "hint"}}`` on stdout
+with the usual exit code while the human form stays exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from rigs.agents import gpurun
+
+from orchestrator import errors as E
+
+
+def _all_classes() -> list[type]:
+    out, todo = [], [E.GpurunError]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def _json_error(res) -> dict:
+    """The one strict JSON document on stdout, with nothing on stdout besides it."""
+    assert "Traceback" not in res.stderr, res.stderr
+    doc = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert set(doc) == {"error"} and set(doc["error"]) == {"code", "message", "hint"}
+    assert isinstance(doc["error"]["message"], str) and doc["error"]["message"]
+    return doc["error"]
+
+
+# --- the tree --------------------------------------------------------------------------------
+
+def test_codes_are_unique_non_empty_snake_case():
+    classes = _all_classes()
+    assert len(classes) >= 22
+    seen: dict[str, str] = {}
+    for cls in classes:
+        assert "code" in vars(cls), f"{cls.__name__} inherits its code; give it its own"
+        code = cls.code
+        assert isinstance(code, str) and re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", code), (cls, code)
+        assert code not in seen, f"{cls.__name__} and {seen[code]} share code {code!r}"
+        seen[code] = cls.__name__
+    clash = set(seen) & set(E.CLI_CODES)
+    assert not clash, f"CLI codes clash with class codes: {clash}"
+    for code in E.CLI_CODES:
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", code)
+
+
+def test_documented_codes_and_exit_codes():
+    expect = {
+        "GpurunError": ("error", 1), "BadInput": ("bad_input", 2), "QueueFileError": ("queue_file", 2),
+        "ProfileError": ("profile", 2), "HostError": ("host", 2), "ConfigError": ("config", 2),
+        "JobNotFound": ("job_not_found", 2), "OperationalError": ("operational", 1),
+        "TransportError": ("transport", 1), "ConnectError": ("connect", 1), "HostKeyError": ("host_key", 1),
+        "AgentError": ("agent", 1), "AgentProtocolError": ("agent_protocol", 1),
+        "AgentStartError": ("agent_start", 1), "AgentStoreTooNew": ("store_too_new", 1),
+        "Conflict": ("conflict", 1), "ProviderError": ("provider", 1), "CredentialError": ("credential", 2),
+        "CapacityError": ("capacity", 1), "Unsupported": ("unsupported", 2),
+        "VerificationError": ("verification", 1), "GateRefused": ("gate_refused", 3),
+    }
+    for name, (code, exit_code) in expect.items():
+        cls = getattr(E, name)
+        assert (cls.code, cls.exit_code) == (code, exit_code), name
+    assert issubclass(E.AgentProtocolError, E.AgentError) and issubclass(E.AgentStartError, E.AgentError)
+    assert issubclass(E.AgentStoreTooNew, E.AgentError) and issubclass(E.Conflict, E.OperationalError)
+    assert E.Conflict.retryable and E.AgentStartError.retryable and not E.AgentProtocolError.retryable
+    err = E.HostError("unknown host 'x'", "add it")
+    assert err.to_dict() == {"code": "host", "message": "unknown host 'x'", "hint": "add it"}
+
+
+@pytest.mark.parametrize("kind,cls", [
+    ("not_found", E.JobNotFound), ("bad_input", E.BadInput), ("conflict", E.Conflict),
+    ("store_too_new", E.AgentStoreTooNew), ("unknown_verb", E.AgentProtocolError),
+    ("protocol", E.AgentProtocolError), ("internal", E.AgentError), ("something_new", E.AgentError),
+    (None, E.AgentError), ("", E.AgentError),
+])
+def test_from_agent_maps_kinds(kind, cls):
+    err = E.from_agent(kind, "the message", "the hint")
+    assert type(err) is cls
+    assert "the message" in err.message and err.hint == "the hint"
+
+
+def test_from_agent_details():
+    bug = E.from_agent("internal", "KeyError: 'x'", None, host="box1")
+    assert bug.message == "agent bug on box1: KeyError: 'x'" and "report" in bug.hint
+    assert E.from_agent("conflict", "job a changed state while retrying; try again", None).retryable
+    proto = E.from_agent("unknown_verb", "agent 0.9 does not know 'sync'; controller 1.2", None)
+    assert proto.code == "agent_protocol" and proto.hint  # a default hint says what to do
+    assert E.from_agent("bad_input", "x", "").hint is None
+    assert E.from_agent("internal", "", None).message.startswith("agent bug")
+    pre = E.from_agent("internal", "agent bug on box1: boom", "report it")   # already prefixed: kept once
+    assert pre.message == "agent bug on box1: boom" and pre.hint == "report it"
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+def test_bad_queue_file_json(home, tmp_path):
+    q = tmp_path / "q.txt"
+    q.write_text("echo ok\n[name=x gpus=two] python t.py\n")
+    res = gpurun("queue", "submit", str(q), "--json")
+    assert res.returncode == 2
+    err = _json_error(res)
+    assert err["code"] == "queue_file" and "q.txt:2: option gpus='two'" in err["message"]
+    assert err["hint"]
+    assert res.stderr == ""
+    res = gpurun("queue", "submit", str(tmp_path / "nope.txt"), "--json")
+    assert res.returncode == 2 and _json_error(res)["code"] == "queue_file"
+
+
+def test_unknown_host_json(home, tmp_path):
+    q = tmp_path / "q.txt"
+    q.write_text("echo hi\n")
+    res = gpurun("queue", "submit", str(q), "--json", "--host", "gpu-box-7")
+    assert res.returncode == 2
+    err = _json_error(res)
+    assert err["code"] == "host" and "unknown host 'gpu-box-7'" in err["message"]
+    assert "gpurun host add" in err["hint"]
+    res = gpurun("watch", "--once", "--json", "--host", "gpu-box-7")
+    assert res.returncode == 2 and _json_error(res)["code"] == "host"
+    res = gpurun("queue", "status", "--json", "--host", "nope")
+    assert res.returncode == 2 and _json_error(res)["code"] == "host"
+
+
+def test_human_output_unchanged_without_json(home, tmp_path):
+    q = tmp_path / "q.txt"
+    q.write_text("echo ok\n[name=x gpus=two] python t.py\n")
+    res = gpurun("queue", "submit", str(q))
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == (f"gpurun: error: {q}:2: option gpus='two' is not valid\n"
+                          "  hint: gpus must be a whole number >= 0\n")
+    res = gpurun("queue", "submit", str(q), "--host", "gpu-box-7")
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("gpurun: error: ") and "\n  hint: " in res.stderr
+    # a --json after `--` is not ours
+    res = gpurun("queue", "submit", "--", str(q))
+    assert res.returncode == 2 and res.stdout == "" and res.stderr.startswith("gpurun: error: ")
+
+
+def test_usage_errors_json(home, tmp_path):
+    res = gpurun("queue", "submit", "--json")                  # missing FILE
+    assert res.returncode == 2
+    err = _json_error(res)
+    assert err["code"] == "usage" and "FILE" in err["message"] and "gpurun queue submit --help" in err["hint"]
+    res = gpurun("queue", "status", "--json", "--bogus")
+    assert res.returncode == 2 and _json_error(res)["code"] == "usage"
+    res = gpurun("queue", "submit", str(tmp_path / "q.txt"), "--from", "zero", "--json")
+    assert res.returncode == 2 and _json_error(res)["code"] == "usage"
+    res = gpurun("queu", "status", "--json")                   # a typo in the command still asked for JSON
+    assert res.returncode == 2 and _json_error(res)["code"] == "usage"
+
+
+@pytest.mark.parametrize("args", [
+    ("--json",),                     # the root takes no --json: a plain usage error
+    ("--json", "queue", "status"),
+    ("host", "add", "b1", "--json"),  # a command without --json
+])
+def test_json_not_requested_stays_human(home, args):
+    res = gpurun(*args)
+    assert res.returncode == 2 and res.stdout == ""
+    assert "No such option: --json" in res.stderr or "No such option '--json'" in res.stderr
+
+
+def test_interrupt_and_bug_json(home, monkeypatch, capsys):
+    from orchestrator.cli import main as M
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(M.cli, "main", interrupted)
+    with pytest.raises(SystemExit) as exc:
+        M.main(["watch", "--once", "--json"])
+    assert exc.value.code == 130
+    out = capsys.readouterr()
+    assert json.loads(out.out)["error"]["code"] == "interrupted" and out.err == ""
+    with pytest.raises(SystemExit) as exc:
+        M.main(["watch", "--once"])
+    out = capsys.readouterr()
+    assert exc.value.code == 130 and out.out == "" and out.err == "gpurun: interrupted\n"
+
+    def bug(*a, **k):
+        raise ZeroDivisionError("oops")
+
+    monkeypatch.setattr(M.cli, "main", bug)
+    with pytest.raises(ZeroDivisionError):                       # the traceback still reaches stderr
+        M.main(["queue", "status", "--json"])
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err["code"] == "internal" and "ZeroDivisionError: oops" in err["message"]
+
+    def gate(*a, **k):
+        raise E.GateRefused("2 artifacts not verified at home", "run `gpurun pull` first")
+
+    monkeypatch.setattr(M.cli, "main", gate)
+    with pytest.raises(SystemExit) as exc:
+        M.main(["down", "box1", "--json"])
+    assert exc.value.code == 3
+    assert json.loads(capsys.readouterr().out) == {"error": {
+        "code": "gate_refused", "message": "2 artifacts not verified at home", "hint": "run `gpurun pull` first"}}
+
+
+def test_json_requested_detection():
+    from orchestrator.cli.main import _json_requested as J
+    assert J(["queue", "submit", "f", "--json"])
+    assert J(["watch", "--once", "--json"])
+    assert J(["queue", "status", "--json", "--host", "x"])
+    assert not J(["--json"])
+    assert not J(["--json", "queue", "status"])
+    assert not J(["queue", "submit", "f"])
+    assert not J(["queue", "submit", "--", "f", "--json"])
+    assert not J(["host", "add", "b1", "--json"])
+
+
+def test_a_command_that_printed_its_document_keeps_stdout_to_it(home, monkeypatch, capsys):
+    """``down --json`` prints its refused decision, then raises GateRefused: stdout stays that one
+    document and the error goes to stderr in the human form, as before."""
+    import click
+
+    from orchestrator.cli import main as M
+
+    def refused(*a, **k):
+        click.echo(json.dumps({"decision": "refused"}))
+        raise E.GateRefused("1 job has no verified pull", "run `gpurun pull` first")
+
+    monkeypatch.setattr(M.cli, "main", refused)
+    with pytest.raises(SystemExit) as exc:
+        M.main(["down", "box1", "--yes", "--json"])
+    out = capsys.readouterr()
+    assert exc.value.code == 3 and json.loads(out.out) == {"decision": "refused"}
+    assert out.err == "gpurun: error: 1 job has no verified pull\n  hint: run `gpurun pull` first\n"
+    assert not isinstance(sys.stdout, M._StdoutWatch)           # stdout is given back

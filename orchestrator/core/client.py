@@ -149,13 +149,10 @@ class AgentClient:
             raise self._mismatch(verb, envelope, "an envelope without 'ok'")
         if not envelope["ok"]:
             err = envelope.get("error") or {}
-            kind, msg, hint = err.get("kind"), err.get("message", "agent error"), err.get("hint") or None
-            if kind == P.INTERNAL:
-                msg, hint = (f"agent bug on {self.host['name']}: {msg}",
-                             "please report it with the output of `gpurun queue status --json` and the agent log")
-            elif kind == P.UNKNOWN_VERB:
+            kind, msg = str(err.get("kind")), str(err.get("message") or "agent error")
+            if kind == P.UNKNOWN_VERB:
                 raise self._mismatch(verb, envelope, msg)
-            raise from_agent(str(kind), msg, hint)
+            raise from_agent(kind, msg, err.get("hint") or None, host=self.host["name"])
         result = envelope.get("result")
         missing = verb.missing_keys(result)
         if missing:

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.agent.manifest import sha256_file
 from orchestrator.agent.states import TERMINAL
+from orchestrator.core.snapshot import SPEC_KEYS
 from orchestrator.errors import VerificationError
 from orchestrator.sync.keep import unit_step
 from orchestrator.sync.state import RECORD, JobRecord, job_dir_name
@@ -22,8 +23,6 @@ from orchestrator.sync.state import RECORD, JobRecord, job_dir_name
 MOVABLE = ("queued", "running")   # a running job on a lost box is interrupted: run it again
 # agent bookkeeping in a run dir: the new box writes its own
 RUN_CONTROL = re.compile(r"^(log\.txt|exit\.\d+|started\.\d+|quality/.*)$")
-SPEC_KEYS = ("id", "name", "command", "cwd", "env", "gpus", "retries", "timeout_s", "metrics",
-             "checkpoints", "source")
 
 
 def rebase(path: str | None, pairs: list[tuple[str, str]]) -> str | None:

@@ -1,6 +1,6 @@
 """The controller-side copy of each SSH host's job table: ``data_home()/hosts/<name>/jobs.json``.
 
-Written after every successful ``submit`` / ``status`` round trip (see ``Session.call``) so
+Written after every successful ``submit`` / ``status`` round trip (see ``AgentClient.submit`` and ``status``) so
 ``gpurun recover`` can move a preempted box's queue without asking the dead box. Submit
 contributes the full job spec (env, source); status refreshes state and attempt.
 """
@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import paths
+from orchestrator.agent import protocol as P
 
 SCHEMA = "gpurun/JOBS-SNAPSHOT/v1"
-SPEC_KEYS = ("id", "name", "command", "cwd", "env", "gpus", "retries", "timeout_s", "metrics",
-             "checkpoints", "source")
-STATUS_KEYS = ("id", "seq", "name", "state", "attempt", "exit_code", "gpus", "gpu_ids", "command",
-               "cwd", "log", "run_dir", "metrics", "checkpoints", "retries", "timeout_s", "reason",
-               "submitted_at", "started_at", "ended_at")
+# what a job was submitted with, and what status refreshes: the protocol's shapes, not copies
+SPEC_KEYS = tuple(k for k in P.JobSpec.__annotations__ if k != "attempt")
+STATUS_KEYS = P.JOB_KEYS
 
 
 def snapshot_file(host_name: str) -> Path:

@@ -10,6 +10,7 @@ import socket
 import time
 from typing import Any, Dict, List
 
+from orchestrator.agent import states as S
 from orchestrator.agent import watchdog_hook as hook
 from orchestrator.agent.context import AgentContext
 
@@ -55,7 +56,7 @@ def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[
     started = job.get("started_at")
     end = job.get("ended_at") or now
     p = progress.get(str(job["id"])) or {}
-    if job["state"] == "running" and p.get("step") is None:
+    if job["state"] == S.RUNNING and p.get("step") is None:
         # the watchdog has not ticked since this job started: read its progress now (a tail read)
         from orchestrator.health.watchdog import metrics_path, read_progress
         step, loss = read_progress(metrics_path(job), job.get("log"))
@@ -71,8 +72,8 @@ def v_snapshot(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     jobs are the active ones plus the last few finished; findings are the watchdog's last tick."""
     now = time.time()
     last = ctx.store.kv_get(hook.FINDINGS_KEY, {}) or {}
-    jobs = ctx.store.jobs(["running", "queued"])
-    done = sorted(ctx.store.jobs(["succeeded", "failed", "cancelled", "quality_stopped"]),
+    jobs = ctx.store.jobs([S.RUNNING, S.QUEUED])
+    done = sorted(ctx.store.jobs(S.TERMINAL),
                   key=lambda j: j.get("ended_at") or 0)[-int(req.get("finished", 5)):]
     events: List[Dict[str, Any]] = ctx.store.events(0, None, SNAPSHOT_EVENTS, newest=True)
     return {

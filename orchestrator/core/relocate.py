@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.agent.manifest import sha256_file
+from orchestrator.agent import states as S
 from orchestrator.agent.states import TERMINAL
 from orchestrator.core.snapshot import SPEC_KEYS
 from orchestrator.errors import VerificationError
 from orchestrator.sync.keep import unit_step
 from orchestrator.sync.state import RECORD, JobRecord, job_dir_name
 
-MOVABLE = ("queued", "running")   # a running job on a lost box is interrupted: run it again
+MOVABLE = (S.QUEUED, S.RUNNING)   # a running job on a lost box is interrupted: run it again
 # agent bookkeeping in a run dir: the new box writes its own
 RUN_CONTROL = re.compile(r"^(log\.txt|exit\.\d+|started\.\d+|quality/.*)$")
 

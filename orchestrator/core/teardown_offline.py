@@ -6,23 +6,32 @@ files re-hashed now, and the provider's word on the instance.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.agent.states import TERMINAL
+from orchestrator.agent.states import QUEUED, TERMINAL
 from orchestrator.core import snapshot
-from orchestrator.core.teardown import Assessment, file_home
-from orchestrator.errors import GpurunError, VerificationError
+from orchestrator.core.teardown import Assessment, Target, assess, file_home, when
+from orchestrator.errors import GpurunError, HostKeyError, TransportError, VerificationError
 from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name
 
 # provider states in which nothing on the box can still be running
 DOWN_STATES = ("preempted", "stopped", "terminated")
 
 
-def when(ts: Optional[float]) -> str:
-    """A local, human date for an epoch (``unknown`` when there is none)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "unknown"
+__all__ = ["DOWN_STATES", "assess_gate", "assess_offline", "provider_state", "when"]
+
+
+def assess_gate(session: Any, t: Target) -> Assessment:
+    """The live gate; when the agent cannot be reached (and only then), the offline one.
+    A changed host key is not "unreachable": it may be someone else's box, so it stays an error."""
+    try:
+        return assess(session, t.dest, t.policy)
+    except HostKeyError:
+        raise
+    except TransportError as exc:   # ConnectError included: no manifest could be read
+        state, note = provider_state(t.entry)
+        return assess_offline(t.entry, t.dest, str(exc), state, note)
 
 
 def provider_state(entry: dict) -> tuple[Optional[str], Optional[str]]:
@@ -95,7 +104,7 @@ def assess_offline(entry: dict, dest: Path, unreachable: str,
                                     f"and the provider says {state or 'nothing'}")
                 row["verdict"] = "active"
         if mk is None:
-            never = job.get("state") == "queued" and not job.get("started_at")
+            never = job.get("state") == QUEUED and not job.get("started_at")
             out.missing.append(f"{jid}: no verified pull at home" +
                                (" (it had not started when last seen)" if never else ""))
             row["missing"] += 1

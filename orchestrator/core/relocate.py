@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.agent.manifest import sha256_file
 from orchestrator.agent import states as S
+from orchestrator.agent.manifest import sha256_file
 from orchestrator.agent.states import TERMINAL
 from orchestrator.core.snapshot import SPEC_KEYS
 from orchestrator.errors import VerificationError

@@ -1,5 +1,9 @@
-"""VRAM zombie reaper: find processes holding ``/dev/nvidia*`` that no live job owns, then
+"""VRAM orphan reaper: find processes holding ``/dev/nvidia*`` that no live job owns, then
 (only when asked) end them with TERM, then KILL after a grace.
+
+"Orphan" here is a *running* process whose job is gone; the CLI calls these "VRAM zombies".
+A kernel zombie (state ``Z``) holds no device and is never a candidate; both words are
+defined once in ``procs``.
 
 Holders come from ``/proc/*/fd`` (NVML pids are host pids inside containers, so they cannot be
 trusted); live jobs' process trees, system daemons, ourselves, other users' processes (unless
@@ -17,7 +21,7 @@ import signal
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from . import system
+from . import procs, system
 
 DEVICE_GLOB = ("/dev/nvidia*",)
 GLOB_ENV = "GPURUN_FAKE_DEVICE_GLOB"  # test seam: ':'-separated globs standing in for /dev/nvidia*
@@ -48,7 +52,7 @@ def scan_holders(device_glob: Optional[Sequence[str]] = None, proc: str = "/proc
     """Every visible process with an fd on a path matching ``device_glob``."""
     device_glob = device_glob or default_glob()
     out = []
-    for pid in system.all_pids(proc):
+    for pid in procs.all_pids(proc):
         fd_dir = os.path.join(proc, str(pid), "fd")
         try:
             fds = os.listdir(fd_dir)
@@ -83,7 +87,7 @@ def _ancestors(pid: int, proc: str) -> set:
     out = set()
     while pid > 1 and pid not in out:
         out.add(pid)
-        st = system.proc_stat(pid, proc)
+        st = procs.proc_stat(pid, proc)
         if not st:
             break
         pid = st["ppid"]
@@ -93,36 +97,37 @@ def _ancestors(pid: int, proc: str) -> set:
 def plan(live_job_ids: Iterable[str] = (), protected_pids: Iterable[int] = (), *,
          device_glob: Optional[Sequence[str]] = None, min_age_s: float = MIN_AGE_S,
          all_users: bool = False, proc: str = "/proc", now: Optional[float] = None) -> Dict[str, Any]:
-    """What a reap would do. ``live_job_ids``: ids of running jobs (matched against each
-    process's ``GPURUN_JOB_ID``); ``protected_pids``: their recorded pids (covers unreadable
-    environments). Returns ``{candidates, skipped, device_glob, min_age_s, all_users}``."""
+    """What a reap would do. ``live_job_ids``: running jobs as ids (any attempt protected)
+    or markers ``<id>:<attempt>`` (only that attempt: a leftover of an earlier attempt is an
+    orphan), matched against each process's ``GPURUN_JOB_TOKEN``; ``protected_pids``: their
+    recorded pids (covers unreadable environments).
+    Returns ``{candidates, skipped, device_glob, min_age_s, all_users}``."""
     now = time.time() if now is None else now
     device_glob = list(device_glob or default_glob())
     live = {str(j) for j in live_job_ids}
     btime = system.boot_time(proc)
     holders = scan_holders(device_glob, proc)
-    kids = system.children_map(proc) if holders else {}
+    kids = procs.children_map(proc) if holders else {}
     roots = set(int(p) for p in protected_pids if p)
     envs: Dict[int, Optional[Dict[str, str]]] = {}
     for h in holders:  # a holder whose env names a live job protects its whole tree
-        envs[h["pid"]] = system.proc_environ(h["pid"], proc)
-        jid = (envs[h["pid"]] or {}).get("GPURUN_JOB_ID")
-        if jid in live:
+        env = envs[h["pid"]] = procs.proc_environ(h["pid"], proc)
+        if procs.marker_of(env) in live or procs.job_of(env) in live:
             roots.add(h["pid"])
-    protected = system.descendants(roots, kids)
+    protected = procs.descendants(roots, kids)
     mine = _ancestors(os.getpid(), proc)
     me = os.getuid()
     candidates, skipped = [], []
     for h in holders:
         pid = h["pid"]
-        st = system.proc_stat(pid, proc)
-        if not st or st["state"] == "Z":
-            continue
-        age = system.process_age(st["start_ticks"], now, btime)
+        st = procs.proc_stat(pid, proc)
+        if not procs.is_running(st):
+            continue  # gone, or a kernel zombie: it holds nothing any more
+        age = procs.process_age(st["start_ticks"], now, btime)
         row = {"pid": pid, "uid": h["uid"], "user": _user(h["uid"]), "comm": st["comm"],
                "cmdline": _cmdline(pid, proc)[:300], "age_s": round(age, 1) if age is not None else None,
                "devices": h["devices"], "start_ticks": st["start_ticks"],
-               "job_id": (envs.get(pid) or {}).get("GPURUN_JOB_ID")}
+               "job_id": procs.job_of(envs.get(pid))}
         why = None
         if pid in protected:
             why = "part of live job %s" % (row["job_id"] or "tree")
@@ -144,8 +149,8 @@ def plan(live_job_ids: Iterable[str] = (), protected_pids: Iterable[int] = (), *
 
 
 def _alive(row: Dict[str, Any], proc: str) -> bool:
-    st = system.proc_stat(row["pid"], proc)
-    return bool(st) and st["start_ticks"] == row["start_ticks"] and st["state"] != "Z"
+    st = procs.proc_stat(row["pid"], proc)
+    return procs.is_running(st) and st["start_ticks"] == row["start_ticks"]
 
 
 def execute(the_plan: Dict[str, Any], grace: float = 10.0, *, proc: str = "/proc",
@@ -189,7 +194,7 @@ def execute(the_plan: Dict[str, Any], grace: float = 10.0, *, proc: str = "/proc
     return [results[r["pid"]] for r in the_plan.get("candidates", []) if r["pid"] in results]
 
 
-def zombies_by_gpu(the_plan: Dict[str, Any], samples: List[Any]) -> Dict[int, List[int]]:
+def orphans_by_gpu(the_plan: Dict[str, Any], samples: List[Any]) -> Dict[int, List[int]]:
     """GPU index -> candidate pids holding its ``/dev/nvidiaN`` (N = the GPU's minor number)."""
     by_minor = {(s.minor if s.minor is not None else s.index): s.index for s in samples}
     out: Dict[int, List[int]] = {}
@@ -206,12 +211,15 @@ def free_after_reap(the_plan: Dict[str, Any], samples: List[Any]) -> Dict[int, O
 
     Uses NVML's per-process memory where the pid matches (outside containers); inside
     containers it is the plain free figure, so callers should reap then re-sample."""
-    zombies = zombies_by_gpu(the_plan, samples)
+    orphans = orphans_by_gpu(the_plan, samples)
     out: Dict[int, Optional[float]] = {}
     for s in samples:
         free = s.mem_free_mib
         if free is not None:
-            pids = set(zombies.get(s.index, []))
+            pids = set(orphans.get(s.index, []))
             free += sum(p.used_mib or 0.0 for p in (s.processes or []) if p.pid in pids)
         out[s.index] = free
     return out
+
+
+zombies_by_gpu = orphans_by_gpu  # the old name; agent/watchdog_hook.py still calls it

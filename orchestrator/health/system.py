@@ -1,14 +1,17 @@
 """Host facts the watchdog trusts inside containers: cgroup v1/v2 memory and ``oom_kill``,
-disk and inode use per storage path, boot id and boot time, process start times from /proc.
+disk and inode use per storage path, boot id and boot time.
 
 Host-wide ``free``/``uptime`` describe the whole machine, not our container, so nothing here
-uses them. Root paths are parameters so tests can point them at a fake tree.
+uses them. Root paths are parameters so tests can point them at a fake tree. The process
+table (stat, environ, children, the job marker) lives in ``procs``.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from .procs import children_map  # noqa: F401  (agent/watchdog_hook reads it from here)
 
 _V1_UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded LLONG_MAX
 
@@ -128,8 +131,14 @@ def disk_usage(paths: Iterable[str], statvfs: Callable[[str], Any] = os.statvfs)
 
 
 def boot_id(proc: str = "/proc") -> Optional[str]:
+    """The kernel's boot id, which changes on every reboot; where it is hidden (some
+    sandboxes) ``btime-<boot time>`` stands in, which changes on reboot too. None only when
+    neither is readable. The agent's reconcile and the watchdog's reboot check both use this."""
     text = _read(os.path.join(proc, "sys", "kernel", "random", "boot_id"))
-    return text.strip() if text else None
+    if text and text.strip():
+        return text.strip()
+    bt = boot_time(proc)
+    return "btime-%d" % int(bt) if bt is not None else None
 
 
 def boot_time(proc: str = "/proc") -> Optional[float]:
@@ -137,70 +146,3 @@ def boot_time(proc: str = "/proc") -> Optional[float]:
         if line.startswith("btime "):
             return float(line.split()[1])
     return None
-
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def proc_stat(pid: int, proc: str = "/proc") -> Optional[Dict[str, Any]]:
-    """``{pid, comm, ppid, start_ticks}`` from /proc/PID/stat; None if the process is gone."""
-    text = _read(os.path.join(proc, str(pid), "stat"))
-    if not text:
-        return None
-    # comm may contain spaces and parentheses: split on the last ')'
-    lpar, rpar = text.find("("), text.rfind(")")
-    rest = text[rpar + 2:].split()
-    if len(rest) < 20:
-        return None
-    return {"pid": pid, "comm": text[lpar + 1:rpar], "state": rest[0], "ppid": int(rest[1]),
-            "start_ticks": int(rest[19])}
-
-
-def process_age(start_ticks: int, now: float, btime: Optional[float]) -> Optional[float]:
-    if btime is None:
-        return None
-    return max(0.0, now - (btime + start_ticks / float(_TICKS)))
-
-
-def proc_environ(pid: int, proc: str = "/proc") -> Optional[Dict[str, str]]:
-    """A process's environment; None when unreadable (gone, or another user and we are not root)."""
-    try:
-        with open(os.path.join(proc, str(pid), "environ"), "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    env: Dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return env
-
-
-def all_pids(proc: str = "/proc") -> List[int]:
-    try:
-        return [int(n) for n in os.listdir(proc) if n.isdigit()]
-    except OSError:
-        return []
-
-
-def children_map(proc: str = "/proc") -> Dict[int, List[int]]:
-    """ppid -> child pids for every visible process (one pass over /proc)."""
-    kids: Dict[int, List[int]] = {}
-    for pid in all_pids(proc):
-        st = proc_stat(pid, proc)
-        if st:
-            kids.setdefault(st["ppid"], []).append(pid)
-    return kids
-
-
-def descendants(roots: Iterable[int], kids: Dict[int, List[int]]) -> set:
-    """The roots and every process below them."""
-    out, stack = set(), list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid in out:
-            continue
-        out.add(pid)
-        stack.extend(kids.get(pid, []))
-    return out

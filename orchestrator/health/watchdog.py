@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import system
+from . import procs
 
 ACTIONS = ("record", "notify", "kill", "requeue")
 SEVERITIES = ("info", "warn", "error", "critical")
@@ -136,18 +136,11 @@ def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Se
     """One running job's facts this tick. ``prev`` is this job's entry from the last state
     (used to skip re-reading progress when files did not grow)."""
     pid = job.get("pid")
-    alive, marker = False, None
-    st = system.proc_stat(int(pid), proc) if pid else None
-    if st and st["state"] != "Z":
-        alive = True
-        env = system.proc_environ(int(pid), proc)
-        if env is not None:  # the marker our runner puts in every job's env (token carries the attempt)
-            tok = env.get("GPURUN_JOB_TOKEN")
-            if tok is not None and job.get("attempt"):
-                marker = tok == "%s:%s" % (job["id"], job["attempt"])
-            else:
-                marker = env.get("GPURUN_JOB_ID") == str(job["id"])
-    tree = system.descendants([int(pid)], kids) if alive else set()
+    # one liveness rule with the agent's reconcile (procs.job_liveness): running, not a
+    # zombie, and carrying this attempt's marker; a running pid without it was reused.
+    live = procs.job_liveness(int(pid) if pid else None, str(job["id"]), job.get("attempt") or None, proc)
+    alive = live == procs.ALIVE
+    tree = procs.descendants([int(pid)], kids) if alive else set()
     log_size, log_mtime = _stat(job.get("log"))
     metrics = metrics_path(job)
     met_size, met_mtime = _stat(metrics)
@@ -156,8 +149,8 @@ def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Se
         step, loss = prev.get("step"), prev.get("loss")
     else:
         step, loss = read_progress(metrics, job.get("log"))
-    return {"job_id": str(job["id"]), "pid": pid, "alive": alive and marker is not False,
-            "pid_reused": alive and marker is False, "tree": sorted(tree),
+    return {"job_id": str(job["id"]), "pid": pid, "alive": alive,
+            "pid_reused": live == procs.FOREIGN, "tree": sorted(tree),
             "holds_gpu": bool(tree & gpu_holders), "gpu_ids": list(job.get("gpu_ids") or []),
             "gpus": int(job.get("gpus") or 0), "started_at": job.get("started_at"),
             "log_size": log_size, "log_mtime": log_mtime, "metrics_size": met_size,

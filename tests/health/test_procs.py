@@ -1,0 +1,146 @@
+"""One process table, one zombie rule, one liveness marker (``health.procs``).
+
+The agent's reconcile, the watchdog and the reaper used to disagree: the agent called a
+process whose stat was unreadable or in state ``X`` a zombie while the reaper only skipped
+``Z`` (and would signal an ``X``); the watchdog counted a pid with an unreadable environment,
+or with only ``GPURUN_JOB_ID``, as the job's while the agent did not; the agent's boot id
+fallback drifted with the clock while the watchdog's was None. These pin the one rule on a
+fake /proc tree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent import procs as agent_procs
+from orchestrator.health import procs, reaper, system, watchdog
+
+BTIME = 1_700_000_000
+
+
+class FakeProc:
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir()
+        (root / "stat").write_text("cpu 1 2 3\nbtime %d\n" % BTIME)
+
+    def add(self, pid: int, state: str = "S", env=None, comm: str = "python", session=None,
+            ppid: int = 1, start_ticks: int = 100, holds=(), stat=True) -> None:
+        d = self.root / str(pid)
+        d.mkdir()
+        fields = [state, str(ppid), str(pid), str(session if session is not None else pid)] + ["0"] * 15
+        fields += [str(start_ticks), "0", "0"]
+        if stat:
+            (d / "stat").write_text("%d (%s) %s\n" % (pid, comm, " ".join(fields)))
+        if env is not None:
+            (d / "environ").write_bytes(b"\0".join(("%s=%s" % kv).encode() for kv in env.items()) + b"\0")
+        (d / "cmdline").write_bytes(comm.encode() + b"\0")
+        if holds:
+            (d / "fd").mkdir()
+            for i, dev in enumerate(holds):
+                os.symlink(str(dev), str(d / "fd" / str(3 + i)))
+
+
+@pytest.fixture
+def fake(tmp_path):
+    return FakeProc(tmp_path / "proc")
+
+
+def tok_env(jid, attempt=1):
+    return {"GPURUN_JOB_ID": jid, procs.MARKER: procs.token(jid, attempt)}
+
+
+def job(jid, pid, attempt=1):
+    return {"id": jid, "pid": pid, "attempt": attempt, "run_dir": None, "log": None}
+
+
+def _agree(fake, pid, jid, attempt):
+    """The agent's and the watchdog's verdicts on one pid."""
+    agent = procs.alive_with_token(pid, procs.token(jid, attempt), str(fake.root))
+    seen = watchdog.observe_job(job(jid, pid, attempt), {}, set(), {}, str(fake.root))
+    return agent, seen["alive"], seen["pid_reused"]
+
+
+def test_running_with_marker_is_alive(fake):
+    fake.add(10, env=tok_env("j1"))
+    assert _agree(fake, 10, "j1", 1) == (True, True, False)
+
+
+@pytest.mark.parametrize("state,verdict", [("Z", procs.ZOMBIE), ("X", procs.GONE)])
+def test_zombie_and_dead_are_not_alive(fake, state, verdict):
+    fake.add(11, state=state, env=tok_env("j1"))
+    assert procs.job_liveness(11, "j1", 1, str(fake.root)) == verdict
+    assert _agree(fake, 11, "j1", 1) == (False, False, False)
+    assert procs.is_zombie(procs.proc_stat(11, str(fake.root))) is (state == "Z")
+
+
+def test_unreadable_stat_is_gone_not_zombie(fake):
+    fake.add(12, env=tok_env("j1"), stat=False)
+    assert procs.job_liveness(12, "j1", 1, str(fake.root)) == procs.GONE
+    assert _agree(fake, 12, "j1", 1) == (False, False, False)
+
+
+def test_unreadable_environment_is_not_our_job(fake):
+    fake.add(13, env=None)  # another user's process on a reused pid
+    assert procs.job_liveness(13, "j1", 1, str(fake.root)) == procs.FOREIGN
+    assert _agree(fake, 13, "j1", 1) == (False, False, True)
+
+
+def test_job_id_without_the_token_is_not_the_marker(fake):
+    fake.add(14, env={"GPURUN_JOB_ID": "j1"})
+    assert _agree(fake, 14, "j1", 1) == (False, False, True)
+
+
+def test_earlier_attempt_is_not_this_attempt(fake):
+    fake.add(15, env=tok_env("j1", attempt=1))
+    assert _agree(fake, 15, "j1", 2) == (False, False, True)
+    assert procs.job_liveness(15, "j1", None, str(fake.root)) == procs.ALIVE  # any attempt
+
+
+def test_comm_with_parentheses_and_spaces(fake):
+    fake.add(16, comm="my (odd) name", env=tok_env("j1"))
+    st = procs.proc_stat(16, str(fake.root))
+    assert st["comm"] == "my (odd) name" and st["state"] == "S" and st["start_ticks"] == 100
+
+
+def test_find_marked_prefers_the_session_leader_and_skips_zombies(fake):
+    fake.add(20, env=tok_env("j1"), session=19)           # a child, not the leader
+    fake.add(30, env=tok_env("j1"), session=30)           # the wrapper: session leader
+    fake.add(40, env=tok_env("j2"), state="Z")            # a zombie never counts
+    fake.add(41, env=tok_env("j3"), session=1)
+    fake.add(42, env=tok_env("j3"), session=1)
+    found = procs.find_marked(str(fake.root))
+    assert found == {"j1:1": 30, "j3:1": 41}
+
+
+def test_boot_id_falls_back_to_boot_time_for_both(fake, monkeypatch):
+    assert system.boot_id(str(fake.root)) == "btime-%d" % BTIME
+    (fake.root / "sys" / "kernel" / "random").mkdir(parents=True)
+    (fake.root / "sys" / "kernel" / "random" / "boot_id").write_text("abc-123\n")
+    assert system.boot_id(str(fake.root)) == "abc-123"
+    monkeypatch.setattr(system, "boot_id", lambda proc="/proc": None)
+    assert agent_procs.boot_id() == ""
+
+
+def test_reaper_skips_kernel_zombies_and_dead_but_lists_orphans(fake, tmp_path):
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    fake.add(50, state="Z", holds=[dev])
+    fake.add(51, state="X", holds=[dev])
+    fake.add(52, holds=[dev], env={})                      # an orphan: runs, no live job
+    plan = reaper.plan([], device_glob=[str(dev)], min_age_s=0, proc=str(fake.root), now=BTIME + 10_000)
+    assert [c["pid"] for c in plan["candidates"]] == [52]
+
+
+def test_reaper_protects_by_marker_and_by_exact_attempt(fake, tmp_path):
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    fake.add(60, holds=[dev], env={procs.MARKER: "j1:1"})  # leftover of attempt 1
+    fake.add(61, holds=[dev], env={procs.MARKER: "j1:2"})  # the live attempt
+    kw = dict(device_glob=[str(dev)], min_age_s=0, proc=str(fake.root), now=BTIME + 10_000)
+    by_id = reaper.plan(["j1"], **kw)
+    assert by_id["candidates"] == [] and {r["job_id"] for r in by_id["skipped"]} == {"j1"}
+    by_token = reaper.plan([procs.token("j1", 2)], **kw)
+    assert [c["pid"] for c in by_token["candidates"]] == [60]

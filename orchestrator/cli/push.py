@@ -20,27 +20,10 @@ def push(directory: str, host: str | None, remote_dir: str | None, dry_run: bool
     Leaves out .git, __pycache__, *.pyc, virtualenvs, node_modules, wandb and the patterns in
     DIRECTORY/.gpurunignore (one per line; name, dir/, /anchored, globs, ** across dirs).
     """
-    import os
-
-    from orchestrator import hosts as hostinv
     from orchestrator.cli.render import emit_json
-    from orchestrator.core import push as core
-    from orchestrator.errors import BadInput
+    from orchestrator.core.push import push_tree
 
-    if not os.path.isdir(directory):
-        raise BadInput(f"{directory}: no such directory", hint="give the project directory to push")
-    entry = hostinv.get_host(host)
-    if dry_run:
-        tree = core.local_tree_hash(directory)
-        out = {"host": entry["name"], "local_dir": os.path.abspath(directory),
-               "remote_dir": core.remote_dir_for(entry, remote_dir), "method": None,
-               "files": tree["files"], "bytes": tree["bytes"], "code_hash": tree["hash"],
-               "fallback_reason": None, "dry_run": True}
-    else:
-        from orchestrator.core.session import open_session
-
-        with open_session(host=entry) as session:
-            out = {**core.push(session, directory, remote_dir), "dry_run": False}
+    out = push_tree(directory, host, remote_dir, dry_run=dry_run)
     if as_json:
         emit_json(out)
         return

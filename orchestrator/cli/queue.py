@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, iso
+from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, json_job
+
+if TYPE_CHECKING:
+    from orchestrator.core.queue import Job
 
 HOST_OPT = click.option("--host", "host", default=None, metavar="NAME",
                         help="Host to act on (default: local, or $GPURUN_HOST).")
@@ -18,15 +20,6 @@ HOST_OPT = click.option("--host", "host", default=None, metavar="NAME",
 @click.group()
 def queue() -> None:
     """Submit, inspect, cancel and retry queued jobs."""
-
-
-def json_job(j: dict) -> dict:
-    """The documented ``--json`` shape of one job."""
-    return {"id": j["id"], "number": j["seq"], "name": j["name"], "state": j["state"],
-            "exit_code": j["exit_code"], "attempt": j["attempt"], "gpus": j["gpus"], "gpu_ids": j["gpu_ids"],
-            "command": j["command"], "cwd": j["cwd"], "log": j["log"], "run_dir": j["run_dir"],
-            "reason": j["reason"], "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
-            "ended_at": iso(j["ended_at"])}
 
 
 @queue.command()
@@ -42,38 +35,26 @@ def json_job(j: dict) -> dict:
 def submit(file: str, host: str | None, wait: bool, start: int, slots: int | None, cwd: str | None,
            as_json: bool) -> None:
     """Submit the jobs of a queue FILE (one shell command per line)."""
-    from orchestrator import hosts as hostinv
-    from orchestrator.core.queue import to_jobs, wait_for
+    from orchestrator.core import queue as core
     from orchestrator.core.session import open_session
-    from orchestrator.queuefile import parse_file, select
 
-    specs = select(parse_file(file), start)
-    entry = hostinv.get_host(host)
-    if slots is not None:
-        hostinv.update_host(entry["name"], slots=slots)
-        entry = hostinv.get_host(entry["name"])
-    jobs, warnings = to_jobs(specs, entry, file, cwd)
+    plan = core.plan_submit(file, host, start=start, slots=slots, cwd=cwd)
     err = console(stderr=True)
-    for w in warnings:
-        err.print(f"[yellow]warning:[/] {w}")
-    with open_session(host=entry) as s:
-        res = s.submit(jobs)
-        added, present = res["added"], res["present"]
-        stale = _stale_code_warning(entry, res.get("code"))
-        if stale:
-            err.print(f"[yellow]warning:[/] {stale}")
+    with open_session(host=plan.host) as s:
+        res = core.submit(s, plan)
+        for w in res.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
         if as_json and not wait:
-            emit_json({"host": entry["name"], "added": added, "present": present})
+            emit_json({"host": res.host, "added": res.added, "present": res.present})
         elif not as_json:
-            msg = f"submitted {len(added)} job(s) to {entry['name']}"
-            if present:
-                msg += f"; {len(present)} already queued or done (same job), not added again"
+            msg = f"submitted {len(res.added)} job(s) to {res.host}"
+            if res.present:
+                msg += f"; {len(res.present)} already queued or done (same job), not added again"
             err.print(msg)
         if not wait:
             return
-        ids = [j["id"] for j in jobs]
 
-        def show(rows: list[dict]) -> None:
+        def show(rows: list[Job]) -> None:
             if as_json:
                 return
             counts: dict[str, int] = {}
@@ -81,32 +62,16 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
                 counts[r["state"]] = counts.get(r["state"], 0) + 1
             err.print("  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items())))
 
-        final = wait_for(s, ids, on_change=show)
+        final = core.wait_for(s, res.ids, on_change=show)
     if as_json:
-        emit_json({"host": entry["name"], "jobs": [json_job(j) for j in final]})
+        emit_json({"host": res.host, "jobs": [json_job(j) for j in final]})
     else:
-        render_table(entry["name"], final)
-    bad = [j for j in final if j["state"] != "succeeded"]
-    if bad:
+        render_table(res.host, final)
+    if any(j["state"] != "succeeded" for j in final):
         sys.exit(1)
 
 
-def _stale_code_warning(host: dict, remote: dict | None) -> str | None:
-    """Warn when the code last pushed from here has changed since (no extra round trip)."""
-    if host.get("kind") == "local" or not remote:
-        return None
-    from orchestrator.core.push import last_local_record, local_tree_hash
-    rec = last_local_record(host["name"])
-    local_dir = (rec or {}).get("local_dir") or remote.get("local_dir")
-    if not local_dir or not os.path.isdir(local_dir):
-        return None
-    if local_tree_hash(local_dir)["hash"] == remote.get("hash"):
-        return None
-    return (f"the code on {host['name']} ({remote.get('remote_dir')}) differs from {local_dir}; "
-            f"run `gpurun push --host {host['name']} {local_dir}` to update it")
-
-
-def render_table(host: str, jobs: list[dict]) -> None:
+def render_table(host: str, jobs: list[Job]) -> None:
     from rich.table import Table
     table = Table(title=f"queue on {host}", title_justify="left")
     for col in ("#", "name", "state", "exit", "try", "gpus", "runtime", "id"):
@@ -125,50 +90,32 @@ def render_table(host: str, jobs: list[dict]) -> None:
     console().print(table)
 
 
-def _status_of(name: str) -> dict:
-    from orchestrator.core.session import open_session
-    with open_session(name) as s:
-        return {"host": name, "jobs": s.status()["jobs"]}
-
-
 @queue.command()
 @HOST_OPT
 @click.option("--all-hosts", is_flag=True, help="Query every host in the inventory, in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape.")
 def status(host: str | None, all_hosts: bool, as_json: bool) -> None:
     """Show the jobs on a host and their states."""
-    from orchestrator import hosts as hostinv
-    from orchestrator.errors import GpurunError
+    from orchestrator.core import queue as core
     if not all_hosts:
-        res = _status_of(hostinv.get_host(host)["name"])
+        name, jobs = core.status(host)
         if as_json:
-            emit_json({"host": res["host"], "jobs": [json_job(j) for j in res["jobs"]]})
+            emit_json({"host": name, "jobs": [json_job(j) for j in jobs]})
         else:
-            render_table(res["host"], res["jobs"])
+            render_table(name, jobs)
         return
-    names = sorted(hostinv.load_hosts())
-    out, failed = [], False
-    with cf.ThreadPoolExecutor(max_workers=min(32, len(names))) as pool:
-        futs = {pool.submit(_status_of, n): n for n in names}
-        results = {}
-        for fut in cf.as_completed(futs):
-            n = futs[fut]
-            try:
-                results[n] = fut.result()
-            except GpurunError as exc:
-                results[n] = {"host": n, "error": exc.message, "jobs": []}
-                failed = True
-    for n in names:
-        r = results[n]
-        out.append({"host": n, "jobs": [json_job(j) for j in r["jobs"]], **({"error": r["error"]} if "error" in r else {})})
-        if not as_json:
-            if "error" in r:
-                console().print(f"[red]{n}: {r['error']}[/]")
-            else:
-                render_table(n, r["jobs"])
+    results = core.status_all()
+    for r in results:
+        if as_json:
+            continue
+        if "error" in r:
+            console().print(f"[red]{r['host']}: {r['error']}[/]")
+        else:
+            render_table(r["host"], r["jobs"])
     if as_json:
-        emit_json({"hosts": out})
-    if failed:
+        emit_json({"hosts": [{"host": r["host"], "jobs": [json_job(j) for j in r["jobs"]],
+                              **({"error": r["error"]} if "error" in r else {})} for r in results]})
+    if any("error" in r for r in results):
         sys.exit(1)
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.core.queue import Job
 
 STATE_STYLE = {"queued": "cyan", "running": "yellow", "succeeded": "green", "failed": "red",
                "cancelled": "magenta", "quality_stopped": "bold red"}
@@ -36,3 +39,13 @@ def human_duration(seconds: float | None) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def json_job(j: Job) -> dict[str, Any]:
+    """The documented ``--json`` shape of one job (README, "JSON contract"): a projection of
+    the wire job with ``seq`` as ``number`` and the times as ISO 8601 UTC."""
+    return {"id": j["id"], "number": j["seq"], "name": j["name"], "state": j["state"],
+            "exit_code": j["exit_code"], "attempt": j["attempt"], "gpus": j["gpus"], "gpu_ids": j["gpu_ids"],
+            "command": j["command"], "cwd": j["cwd"], "log": j["log"], "run_dir": j["run_dir"],
+            "reason": j["reason"], "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
+            "ended_at": iso(j["ended_at"])}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from orchestrator import paths
-from orchestrator.errors import BadInput, OperationalError
+from orchestrator.errors import BadInput
 from orchestrator.transport.excludes import DEFAULT_EXCLUDES, Matcher, read_ignore_file, walk
 
 IGNORE_FILE = ".gpurunignore"
@@ -94,6 +94,30 @@ def push(session: Any, project_dir: str | os.PathLike, remote_dir: str | None = 
             "fallback_reason": stats.get("fallback_reason")}
 
 
+def push_tree(directory: str, host: str | None = None, remote_dir: str | None = None, *,
+              dry_run: bool = False) -> dict:
+    """``gpurun push``: send ``directory`` to ``host`` (default: local, or $GPURUN_HOST), or with
+    ``dry_run`` only say what would be sent and where, touching nothing on the host.
+
+    Returns :func:`push`'s dict plus ``dry_run``. Raises BadInput for a bad directory,
+    HostError for an unknown host, TransportError / ConnectError when it cannot be reached."""
+    from orchestrator import hosts as hostinv
+
+    if not os.path.isdir(directory):
+        raise BadInput(f"{directory}: no such directory", hint="give the project directory to push")
+    entry = hostinv.get_host(host)
+    if dry_run:
+        tree = local_tree_hash(directory)
+        return {"host": entry["name"], "local_dir": os.path.abspath(directory),
+                "remote_dir": remote_dir_for(entry, remote_dir), "method": None,
+                "files": tree["files"], "bytes": tree["bytes"], "code_hash": tree["hash"],
+                "fallback_reason": None, "dry_run": True}
+    from orchestrator.core.session import open_session
+
+    with open_session(host=entry) as session:
+        return {**push(session, directory, remote_dir), "dry_run": False}
+
+
 def _state_dir(session: Any) -> str:
     return str(getattr(session, "state_dir", None) or session.host.get("state_dir") or "~/.gpurun")
 
@@ -140,18 +164,20 @@ def last_local_record(host_name: str) -> dict | None:
         return None
 
 
-def code_differs_warning(session: Any, project_dir: str | os.PathLike) -> str | None:
-    """A one-line warning when the box's pushed code differs from ``project_dir``, else None.
+def code_differs_warning(host: dict, remote: dict | None) -> str | None:
+    """A one-line warning when the code last pushed to ``host`` differs from the tree it was
+    pushed from, else None.
 
-    For submit: costs one round trip plus hashing the local tree."""
-    try:
-        remote = remote_code_info(session)
-    except OperationalError:
+    ``remote`` is the record the box holds (``submit`` replies carry it, so the check costs
+    no extra round trip; :func:`remote_code_info` reads it otherwise). The local tree is
+    the one this machine last pushed from, or the record's own ``local_dir``."""
+    if host.get("kind") == "local" or not remote:
         return None
-    if remote is None:
+    rec = last_local_record(host["name"])
+    local_dir = (rec or {}).get("local_dir") or remote.get("local_dir")
+    if not local_dir or not os.path.isdir(local_dir):
         return None
-    here = local_tree_hash(project_dir)
-    if here["hash"] == remote.get("hash"):
+    if local_tree_hash(local_dir)["hash"] == remote.get("hash"):
         return None
-    return (f"the code on {session.host['name']} ({remote.get('remote_dir')}) differs from "
-            f"{project_dir}; run `gpurun push --host {session.host['name']}` to update it")
+    return (f"the code on {host['name']} ({remote.get('remote_dir')}) differs from {local_dir}; "
+            f"run `gpurun push --host {host['name']} {local_dir}` to update it")

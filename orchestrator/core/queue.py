@@ -1,14 +1,102 @@
-"""Queue use cases: turn a parsed queue file into agent jobs, and wait for them to finish."""
+"""Queue use cases: submit a queue file (parse, pick the host, build agent jobs, send them,
+warn about stale code), read the queue of one host or of all of them, and wait for jobs.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import posixpath
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
+from orchestrator import hosts as hostinv
 from orchestrator.agent import states as S
-from orchestrator.queuefile import JobSpec
+from orchestrator.agent.protocol import Job
+from orchestrator.errors import GpurunError
+from orchestrator.queuefile import JobSpec, parse_file, select
+
+__all__ = ["Job", "SubmitPlan", "SubmitResult", "plan_submit", "submit", "status", "status_all",
+           "to_jobs", "wait_for"]
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """A queue file read and bound to a host, before anything crosses the network."""
+
+    host: dict                 # the inventory entry (slots already updated)
+    jobs: list[dict]           # agent job rows, duplicates dropped
+    warnings: list[str] = field(default_factory=list)   # one per duplicate line
+
+    @property
+    def ids(self) -> list[str]:
+        return [j["id"] for j in self.jobs]
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """What a submit did: ``added`` and ``present`` are job ids, as the agent answered."""
+
+    host: str
+    added: list[str]
+    present: list[str]
+    warnings: list[str]        # the plan's duplicate lines, then the stale-code warning if any
+    ids: list[str]             # every job of the file (added or present): what ``--wait`` waits for
+
+
+def plan_submit(file: str, host: Optional[str] = None, *, start: int = 1, slots: Optional[int] = None,
+                cwd: Optional[str] = None) -> SubmitPlan:
+    """Read ``file`` from its ``start``-th job and bind it to ``host`` (no network).
+
+    The file is read first so a bad line is reported even for an unknown host. ``slots``
+    is remembered for the host. Raises QueueFileError / BadInput for the file, HostError
+    for the host."""
+    specs = select(parse_file(file), start)
+    entry = hostinv.get_host(host)
+    if slots is not None:
+        hostinv.update_host(entry["name"], slots=slots)
+        entry = hostinv.get_host(entry["name"])
+    jobs, warnings = to_jobs(specs, entry, file, cwd)
+    return SubmitPlan(entry, jobs, warnings)
+
+
+def submit(session: Any, plan: SubmitPlan) -> SubmitResult:
+    """Send the plan's jobs through ``session`` (an ``AgentClient`` for ``plan.host``); one
+    round trip. Submitting the same jobs again adds nothing (they come back as ``present``)."""
+    from orchestrator.core.push import code_differs_warning
+
+    res = session.submit(plan.jobs)
+    warnings = list(plan.warnings)
+    stale = code_differs_warning(plan.host, res.get("code"))
+    if stale:
+        warnings.append(stale)
+    return SubmitResult(plan.host["name"], list(res["added"]), list(res["present"]), warnings, plan.ids)
+
+
+def status(host: Optional[str] = None) -> tuple[str, list[Job]]:
+    """``(host name, jobs)`` of one host (default: local, or $GPURUN_HOST)."""
+    from orchestrator.core.session import open_session
+
+    name = hostinv.get_host(host)["name"]
+    with open_session(name) as s:
+        return name, s.status()["jobs"]
+
+
+def status_all(max_workers: int = 32) -> list[dict[str, Any]]:
+    """Every host of the inventory, queried in parallel, in name order: ``{host, jobs}``, or
+    ``{host, jobs: [], error}`` for a host that failed (the others are still answered)."""
+    names = sorted(hostinv.load_hosts())
+
+    def one(name: str) -> dict[str, Any]:
+        try:
+            return {"host": name, "jobs": status(name)[1]}
+        except GpurunError as exc:
+            return {"host": name, "error": exc.message, "jobs": []}
+
+    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(names))) as pool:
+        results = dict(zip(names, pool.map(one, names)))
+    return [results[n] for n in names]
 
 
 def _resolve(base: str | None, path: str | None, local: bool) -> str | None:

@@ -64,9 +64,9 @@ def test_push_cli_records_hash_on_box_and_here(request, tmp_path, fixture):
     assert core.last_local_record(host["name"])["hash"] == here["hash"]
     with open_session(host["name"]) as s:
         assert core.remote_code_hash(s) == here["hash"]
-        assert core.code_differs_warning(s, root) is None
+        assert core.code_differs_warning(s.host, core.remote_code_info(s)) is None
         (root / "train.py").write_text("print('changed')\n")
-        assert "differs" in core.code_differs_warning(s, root)
+        assert "differs" in core.code_differs_warning(s.host, core.remote_code_info(s))
     record = json.loads((Path(host["state_dir"]) / "code_hash").read_text())
     assert record["hash"] == here["hash"] and record["local_dir"] == str(root)
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
 from orchestrator.errors import GateRefused
+
+if TYPE_CHECKING:
+    from orchestrator.core.teardown import Assessment
 
 
 def _show(lines: list[str], as_json: bool) -> None:
@@ -18,24 +21,7 @@ def _show(lines: list[str], as_json: bool) -> None:
             click.echo(line)
 
 
-def _assess(session: Any, entry: dict, out: Path, cfg: dict) -> Any:
-    """The live gate; when the agent cannot be reached (and only then), the offline one.
-    A changed host key is not "unreachable": it may be someone else's box, so it stays an error."""
-    from orchestrator.core import teardown as td
-    from orchestrator.core import teardown_offline as tdo
-    from orchestrator.errors import HostKeyError, TransportError
-    from orchestrator.sync.keep import KeepPolicy
-
-    try:
-        return td.assess(session, out, KeepPolicy.from_config(cfg))
-    except HostKeyError:
-        raise
-    except TransportError as exc:   # ConnectError included: no manifest could be read
-        state, note = tdo.provider_state(entry)
-        return tdo.assess_offline(entry, out, str(exc), state, note)
-
-
-def _headline(a: Any, host: str, out: Path) -> list[str]:
+def _headline(a: Assessment, host: str, out: Path) -> list[str]:
     lines = []
     if a.offline:
         lines += [f"{host}: box unreachable: judged from the last verified pull on {_when(a.last_pull_at)}; "
@@ -79,31 +65,23 @@ def down(host: str, yes: bool, without_artifacts: bool, dry_run: bool, dest: Opt
     gate refuses.
     """
     from orchestrator.core import teardown as td
-    from orchestrator.core.pull import DEFAULT_DEST, pull_config
     from orchestrator.core.session import open_session
-    from orchestrator.hosts import get_host
-    from orchestrator.profiles import load_profile
+    from orchestrator.core.teardown_offline import assess_gate
 
-    entry = get_host(host)
-    verb = td.describe_verb(load_profile(entry.get("profile") or "local"))
-    cfg, _ = pull_config()
-    out = Path(dest or cfg.get("dest") or DEFAULT_DEST).expanduser().resolve()
+    t = td.target(host, dest)
+    verb, out = t.verb, t.dest
     with open_session(host) as session:
-        a = _assess(session, entry, out, cfg)
+        a = assess_gate(session, t)
         base = {"host": host, "profile": verb["profile"], "verb": verb, "assessment": a.as_dict(),
                 "without_artifacts": without_artifacts, "offline": a.offline}
         _show(_headline(a, host, out) + td.plain_lines(verb), as_json)
 
         def finish(decision: str, err: Optional[GateRefused] = None, **more: object) -> None:
-            doc = dict(base, decision=decision, **more)
-            if decision != "dry_run":
-                td.record({k: doc[k] for k in ("host", "profile", "decision", "without_artifacts", "offline")}
-                          | {"verb": verb["verb"], "blockers": a.blockers, "missing": a.missing[:50],
-                             "verified_files": a.files, "verified_bytes": a.bytes, "basis": a.basis,
-                             "last_pull_at": a.last_pull_at, "provider_state": a.provider_state,
-                             "action": more.get("action")})
+            td.record_decision(a, verb, decision, without_artifacts=without_artifacts,
+                               action=more.get("action"))  # type: ignore[arg-type]
             if as_json:
-                click.echo(json.dumps(doc, indent=1, sort_keys=True, default=str))
+                click.echo(json.dumps(dict(base, decision=decision, **more), indent=1, sort_keys=True,
+                                      default=str))
             if err is not None:
                 raise err
 
@@ -116,39 +94,26 @@ def down(host: str, yes: bool, without_artifacts: bool, dry_run: bool, dest: Opt
             except click.Abort:
                 return False
 
-        if a.blockers or (a.missing and not without_artifacts):
+        d = td.decide(a, verb, yes=yes, without_artifacts=without_artifacts, dry_run=dry_run)
+        if d.step == td.REFUSE:
             if not as_json:
-                for m in (a.blockers + a.missing)[:10]:
+                for m in d.blocking:
                     click.echo(f"  blocking: {m}", err=True)
-            finish("dry_run" if dry_run else "refused", td.refusal(a))
-        if dry_run:
-            more = " once you type the host name (the box is unreachable)" if a.offline or a.missing else ""
-            _show([f"dry run: the gate would let `{verb['verb']}` proceed{more}; nothing was changed."], as_json)
+            finish(d.record_as or "refused", d.error)
+        if d.step == td.DRY_RUN:
+            _show([d.message or ""], as_json)
             finish("dry_run")
             return
-        if a.missing or a.offline:
-            if a.missing:
-                click.echo(f"{len(a.missing)} artifact(s) are NOT safe at home and will be lost, e.g. {a.missing[0]}",
-                           err=True)
-            if a.offline:
-                since = f"after {_when(a.last_pull_at)}" if a.last_pull_at else "(nothing was ever verified at home)"
-                click.echo(f"{host} cannot be reached: anything it wrote {since} is unknown and will be lost.",
-                           err=True)
-            if not ask(f"Type the host name ({host}) to stop the meter anyway", typed=True):
-                finish("aborted", GateRefused(
-                    "confirmation did not match the host name; nothing was changed",
-                    "type the host name exactly (--yes is not enough while the box is unreachable)"
-                    if a.offline else "type the host name exactly, or pull the artifacts first"))
-        elif not yes and not verb["no_meter"]:
-            rev = "IRREVERSIBLE" if verb["irreversible"] else "reversible"
-            if not ask(f"Stop the meter on {host} with '{verb['verb']}' ({rev})?", typed=False):
-                finish("aborted", GateRefused("not confirmed; nothing was changed",
-                                              "re-run and answer y, or pass --yes"))
+        if d.step in (td.ASK_TYPED, td.ASK):
+            for w in d.warnings:
+                click.echo(w, err=True)
+            if not ask(d.question or "", typed=d.step == td.ASK_TYPED):
+                finish("aborted", d.error)
         action = td.execute(session, verb, offline=a.offline, provider_state=a.provider_state)
         _show([f"{host}: {action['how']}: {action['detail']}"], as_json)
         finish("proceeded", action=action)
 
 
 def _when(ts: Optional[float]) -> str:
-    from orchestrator.core.teardown_offline import when
+    from orchestrator.core.teardown import when
     return when(ts)

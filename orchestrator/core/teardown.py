@@ -1,7 +1,8 @@
 """Use case ``down``: the teardown gate. The meter stops only when every job is terminal and
 every declared artifact is at home, re-read and matching the host's SHA-256 (or verified in
-S3); each decision is appended to ``data_home()/teardown.jsonl``. The judgement from home
-records when the box cannot be reached lives in ``teardown_offline.py``.
+S3); :func:`decide` says what ``down`` may do next, and each decision is appended to
+``data_home()/teardown.jsonl``. The judgement from home records when the box cannot be
+reached lives in ``teardown_offline.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,36 @@ from orchestrator.errors import GateRefused
 from orchestrator.sync.keep import KeepPolicy
 from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name, manifest_digest
 from orchestrator.sync.transfer import prefix_hasher
+
+
+def when(ts: Optional[float]) -> str:
+    """A local, human date for an epoch (``unknown`` when there is none)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "unknown"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ``down HOST`` acts on: the inventory entry, its profile's meter-stop verb (see
+    :func:`describe_verb`), where the pulls put the artifacts, and the keep-latest policy."""
+
+    entry: dict
+    verb: dict
+    dest: Path
+    policy: KeepPolicy
+
+
+def target(host: str, dest: Optional[str] = None) -> Target:
+    """Resolve ``down``'s target (no network). ``dest`` defaults to ``pull.dest``.
+    Raises HostError for an unknown host, ProfileError for a bad profile."""
+    from orchestrator.core.pull import DEFAULT_DEST, pull_config
+    from orchestrator.hosts import get_host
+    from orchestrator.profiles import load_profile
+
+    entry = get_host(host)
+    verb = describe_verb(load_profile(entry.get("profile") or "local"))
+    cfg, _ = pull_config()
+    out = Path(dest or cfg.get("dest") or DEFAULT_DEST).expanduser().resolve()
+    return Target(entry, verb, out, KeepPolicy.from_config(cfg))
 
 
 @dataclass
@@ -173,6 +204,77 @@ def record(entry: dict[str, Any]) -> Path:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(dict(entry, ts=time.time()), sort_keys=True) + "\n")
     return path
+
+
+# the steps of a Decision
+REFUSE, DRY_RUN, ASK_TYPED, ASK, PROCEED = "refuse", "dry_run", "ask_typed", "ask", "proceed"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the gate lets ``down`` do next; the CLI asks and renders, nothing more.
+
+    ``refuse``: record ``record_as`` and raise ``error`` (after showing ``blocking``).
+    ``dry_run``: say ``message``, record nothing. ``ask_typed``: show ``warnings``, then the
+    host name must be typed in answer to ``question``. ``ask``: a y/N to ``question``. For both
+    asks, a no is recorded as ``aborted`` and ``error`` raised. ``proceed``: run :func:`execute`."""
+
+    step: str
+    record_as: Optional[str] = None
+    error: Optional[GateRefused] = None
+    blocking: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    question: Optional[str] = None
+    message: Optional[str] = None
+
+
+def decide(a: Assessment, verb: dict, *, yes: bool = False, without_artifacts: bool = False,
+           dry_run: bool = False) -> Decision:
+    """The teardown decision for an assessment. Unfinished jobs are never waivable here;
+    missing artifacts only with ``without_artifacts`` and a typed host name; an unreachable
+    box always needs the typed host name (``yes`` is not enough); otherwise a y/N unless
+    ``yes`` or there is no meter to stop."""
+    host = a.host
+    if a.blockers or (a.missing and not without_artifacts):
+        return Decision(REFUSE, record_as="dry_run" if dry_run else "refused", error=refusal(a),
+                        blocking=(a.blockers + a.missing)[:10])
+    if dry_run:
+        more = " once you type the host name (the box is unreachable)" if a.offline or a.missing else ""
+        return Decision(DRY_RUN, message=f"dry run: the gate would let `{verb['verb']}` proceed{more}; "
+                                         "nothing was changed.")
+    if a.missing or a.offline:
+        warnings = []
+        if a.missing:
+            warnings.append(f"{len(a.missing)} artifact(s) are NOT safe at home and will be lost, "
+                            f"e.g. {a.missing[0]}")
+        if a.offline:
+            since = f"after {when(a.last_pull_at)}" if a.last_pull_at else "(nothing was ever verified at home)"
+            warnings.append(f"{host} cannot be reached: anything it wrote {since} is unknown and will be lost.")
+        return Decision(ASK_TYPED, warnings=warnings,
+                        question=f"Type the host name ({host}) to stop the meter anyway",
+                        error=GateRefused("confirmation did not match the host name; nothing was changed",
+                                          "type the host name exactly (--yes is not enough while the box "
+                                          "is unreachable)" if a.offline else
+                                          "type the host name exactly, or pull the artifacts first"))
+    if not yes and not verb["no_meter"]:
+        rev = "IRREVERSIBLE" if verb["irreversible"] else "reversible"
+        return Decision(ASK, question=f"Stop the meter on {host} with '{verb['verb']}' ({rev})?",
+                        error=GateRefused("not confirmed; nothing was changed",
+                                          "re-run and answer y, or pass --yes"))
+    return Decision(PROCEED)
+
+
+def record_decision(a: Assessment, verb: dict, decision: str, *, without_artifacts: bool,
+                    action: Optional[dict] = None) -> Optional[Path]:
+    """Append ``decision`` (``refused``/``aborted``/``proceeded``) to the log; a dry run
+    changes nothing, so it is not recorded (returns None)."""
+    if decision == "dry_run":
+        return None
+    return record({"host": a.host, "profile": verb["profile"], "decision": decision,
+                   "without_artifacts": without_artifacts, "offline": a.offline, "verb": verb["verb"],
+                   "blockers": a.blockers, "missing": a.missing[:50], "verified_files": a.files,
+                   "verified_bytes": a.bytes, "basis": a.basis, "last_pull_at": a.last_pull_at,
+                   "provider_state": a.provider_state, "action": action})
 
 
 def refusal(a: Assessment) -> GateRefused:

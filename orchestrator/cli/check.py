@@ -9,47 +9,14 @@ evidence, hint}], "source", "format", "last_step", "points", "series", "resumed"
 from __future__ import annotations
 
 import json
-import os
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
-from orchestrator.errors import BadInput, Unsupported
+from orchestrator.errors import BadInput
 
 SEV_STYLE = {"stop": "bold red", "warn": "yellow", "info": "dim"}
 VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold green"}
-
-
-def _opts(primary: Optional[str], baseline: Optional[str], reviewer: Optional[str]) -> dict:
-    from orchestrator.quality.options import load_baseline, parse_primary
-    opts: dict = {}
-    try:
-        if primary:
-            opts["primary"] = parse_primary(primary)
-        if baseline:
-            opts["baseline"] = load_baseline(baseline)
-    except ValueError as exc:
-        raise BadInput(str(exc), "see `gpurun check --help` for the accepted forms")
-    if reviewer:
-        opts["reviewer_command"] = reviewer
-    return opts
-
-
-def _check_plot_path(plot: Optional[str]) -> None:
-    if not plot:
-        return
-    low = plot.lower()
-    if not low.endswith((".svg", ".png")):
-        raise BadInput("--plot %s: the file must end in .svg or .png" % plot, "SVG needs nothing extra")
-    if low.endswith(".png"):
-        try:
-            import matplotlib  # noqa: F401  # type: ignore
-        except ImportError:
-            raise Unsupported("--plot %s: PNG output needs matplotlib, which is not installed" % plot,
-                              "pip install matplotlib, or write --plot FILE.svg (no extra dependency)")
-    d = os.path.dirname(os.path.abspath(plot))
-    if not os.path.isdir(d):
-        raise BadInput("--plot %s: directory %s does not exist" % (plot, d))
 
 
 @click.command()
@@ -73,61 +40,30 @@ def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Op
     a .wandb file), a run directory, or wandb:ENTITY/PROJECT/RUN_ID. Exit code: 0 CONTINUE,
     10 WAIT, 11 STOP.
     """
-    from orchestrator.quality.judge import EXIT_CODES
-    _check_plot_path(plot)
-    opts = _opts(primary, baseline, reviewer)
+    from orchestrator.core import check as core
+    core.check_plot_path(plot)
+    opts = core.options(primary, baseline, reviewer)
     if job or host:
         if not job or source:
             raise BadInput("use either SOURCE, or --job NAME [--host H]",
                            "e.g. `gpurun check run/metrics.jsonl` or `gpurun check --job toy-diverge-lr3`")
-        out, run = _remote(host, job, opts, upto_step)
+        out, run = core.check_remote(host, job, opts, upto_step=upto_step)
     elif not source:
         raise BadInput("missing SOURCE (a metrics file or run dir) or --host H --job NAME",
                        "gpurun check runs/exp1/metrics.jsonl")
     else:
-        if user_regex:
-            import re
-            try:
-                re.compile(user_regex)
-            except re.error as exc:
-                raise BadInput("--regex: %s" % exc, "use named groups: (?P<step>\\d+) ... (?P<loss>[\\d.eE+-]+|nan)")
-        out, run = _local(source, opts, upto_step, user_regex)
+        out, run = core.check_local(source, opts, upto_step=upto_step, user_regex=user_regex)
     if plot:
-        from orchestrator.quality.plot import write_plot
-        write_plot(plot, run, out)
+        core.write_plot(plot, run, out)
         out["plot"] = plot
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
     else:
         _human(out)
-    ctx.exit(EXIT_CODES[out["verdict"]])
+    ctx.exit(core.exit_code(out["verdict"]))
 
 
-def _local(source: str, opts: dict, upto_step: Optional[float], user_regex: Optional[str]):
-    from orchestrator.quality.judge import check_run
-    from orchestrator.quality.plot import sparkline
-    out, run = check_run(source, opts, upto_step, user_regex)
-    out["sparkline"] = sparkline(run.main_loss())
-    return out, run
-
-
-def _remote(host: str, job: str, opts: dict, upto_step: Optional[float]):
-    from orchestrator.core.session import open_session
-    from orchestrator.quality.series import Run
-    req = {"job": job, "primary": list(opts["primary"]) if opts.get("primary") else None,
-           "baseline": {k: ({str(s): v for s, v in b.items()} if isinstance(b, dict) else b)
-                        for k, b in (opts.get("baseline") or {}).items()} or None,
-           "upto_checkpoint": upto_step is not None}
-    with open_session(host) as s:
-        out = s.check(req)
-    run = Run(out.get("source") or "")
-    name = out.get("loss_series") or "loss"
-    for a, b in out.pop("loss_points", None) or []:  # non-finite values travel as "nan"/"inf"
-        run.add_record(float(a), [(name, float(b))])
-    return out, run
-
-
-def _human(out: dict) -> None:
+def _human(out: dict[str, Any]) -> None:
     from orchestrator.cli.render import console
     con = console()
     head = "[%s]%s[/]  %s" % (VERDICT_STYLE[out["verdict"]], out["verdict"], out["reason"])

@@ -173,7 +173,25 @@ def available_names() -> list[str]:
 def load_profile(name: str, overrides: dict[str, Any] | None = None) -> Profile:
     """Load, merge and validate profile ``name``. ``overrides`` maps dotted keys to values
     (from CLI flags). Raises ProfileError naming file, line and key on any problem."""
-    return _load(name, overrides or {}, ())
+    prof = _load(name, overrides or {}, ())
+    _autostop_verb(prof.data)
+    return prof
+
+
+def _autostop_verb(data: dict) -> None:
+    """Give ``autostop`` the profile's in-instance meter-stop command unless the user set
+    one: ``autostop`` is what the controller forwards to the agent, and the agent knows no
+    provider, so this is the only way the box learns how to stop itself. A profile whose
+    ``meter_stop.how.command`` is null (Lambda, plain SSH) leaves none: autostop then only
+    reports idleness. Done once on the final merge so a user layer's ``meter_stop`` counts."""
+    auto = data.setdefault("autostop", {})
+    if auto.get("command"):
+        return
+    ms = data.get("meter_stop") or {}
+    command = (ms.get("how") or {}).get("command")
+    if command:
+        auto["command"] = command
+        auto.setdefault("irreversible", bool(ms.get("irreversible")))
 
 
 def _load(name: str, overrides: dict[str, Any], seen: tuple) -> Profile:

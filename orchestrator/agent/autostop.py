@@ -3,7 +3,9 @@ decision to a teardown-gate callable. This module never stops anything itself.
 
 Idle = no queued or running job AND every GPU below the utilization threshold AND no metric
 progress (metrics file writes, job ends) for ``idle_minutes``; an open SSH session is not use.
-Stdlib only: it runs inside the agent zipapp.
+The stop command is the config's ``autostop.command``: the provider profile's in-instance
+meter-stop verb (``meter_stop.how.command``, filled in by ``orchestrator.profiles``) unless
+the user set one; this module knows no provider. Stdlib only: it runs inside the agent zipapp.
 """
 
 from __future__ import annotations
@@ -14,18 +16,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from orchestrator.agent.states import ACTIVE
 
-# The cheapest safe in-instance verb per provider: keeps the disk, stops the GPU meter.
-# Lambda has none (an in-OS shutdown keeps billing), so autostop there can only alert.
-# Vast: the container's own key can stop only itself; no vastai CLI needed on the box.
-SELF_STOP = {
-    "autodl": {"command": "/usr/bin/shutdown", "irreversible": False},
-    "runpod": {"command": 'runpodctl stop pod "$RUNPOD_POD_ID"', "irreversible": False},
-    "vast": {"command": ('curl -fsS -X PUT -H "Authorization: Bearer $CONTAINER_API_KEY" '
-                         '-H "Content-Type: application/json" -d \'{"state": "stopped"}\' '
-                         '"https://console.vast.ai/api/v0/instances/$CONTAINER_ID/"'),
-             "irreversible": False},
-}
 IDLE_SINCE = "autostop.idle_since"
+NO_VERB_SAID = "autostop.no_verb_said"
 
 
 def last_progress(jobs: Iterable[Dict[str, Any]]) -> Optional[float]:
@@ -79,7 +71,8 @@ def tick(store: Any, config: Dict[str, Any], *, gpu_utils: Callable[[], List[Opt
 
     ``gate(plan)`` is the teardown gate: it verifies the artifacts are home (or pushed) and only
     then runs ``plan["command"]``; it returns ``{"passed": bool, "detail": str}``. Returns the
-    ``autostop`` record: ``action`` is disabled | busy | idle | no_safe_verb | gate_refused | stopped.
+    ``autostop`` record: ``action`` is disabled | busy | idle | no_stop_command | no_safe_verb |
+    gate_refused | stopped (``no_stop_command`` and ``no_safe_verb`` carry ``detail`` in words).
     """
     cfg = config.get("autostop") or {}
     if not cfg.get("enabled"):
@@ -91,15 +84,18 @@ def tick(store: Any, config: Dict[str, Any], *, gpu_utils: Callable[[], List[Opt
                idle_since=store.kv_get(IDLE_SINCE))
     if not d["idle"]:
         store.kv_set(IDLE_SINCE, None)
+        if store.kv_get(NO_VERB_SAID):
+            store.kv_set(NO_VERB_SAID, None)
         return dict(d, action="busy")
     store.kv_set(IDLE_SINCE, d["idle_since"])
     if not d["stop"]:
         return dict(d, action="idle")
     verb = meter_stop_plan(config)
-    if verb is None:
-        store.add_event(None, "autostop", "warn", "box idle but no safe in-instance meter-stop verb "
-                        "is configured; not stopping")
-        return dict(d, action="no_safe_verb")
+    if verb.get("command") is None:
+        if store.kv_get(NO_VERB_SAID) != verb["action"]:  # say it once per idle spell, not every tick
+            store.add_event(None, "autostop", "warn", "box idle, not stopping: " + verb["detail"])
+            store.kv_set(NO_VERB_SAID, verb["action"])
+        return dict(d, action=verb["action"], detail=verb["detail"])
     plan = dict(d, **verb)
     res = gate(plan)
     if not res.get("passed"):
@@ -111,16 +107,22 @@ def tick(store: Any, config: Dict[str, Any], *, gpu_utils: Callable[[], List[Opt
     return dict(plan, action="stopped", detail=res.get("detail"))
 
 
-def meter_stop_plan(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The verb autostop may use: the user's ``autostop.command`` if set (irreversible ones only
-    with ``autostop.allow_irreversible``), else the provider's reversible in-instance stop."""
+def meter_stop_plan(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The verb autostop may use: ``{command, irreversible}`` from ``autostop.command`` (the
+    profile's in-instance stop, or the user's own), or, when there is none to use,
+    ``{command: None, action, detail}`` saying why in plain words. Irreversible commands
+    need ``autostop.allow_irreversible``."""
     cfg = config.get("autostop") or {}
-    if cfg.get("command"):
-        irreversible = bool(cfg.get("irreversible", False))
-        if irreversible and not cfg.get("allow_irreversible"):
-            return None
-        return {"command": cfg["command"], "irreversible": irreversible}
-    provider = (config.get("provider") or (config.get("instance") or {}).get("provider") or "").lower()
-    provider = {"vastai": "vast"}.get(provider, provider)
-    verb = SELF_STOP.get(provider)
-    return dict(verb) if verb else None
+    command = cfg.get("command")
+    provider = config.get("provider") or "this host"
+    if not command:
+        return {"command": None, "action": "no_stop_command",
+                "detail": "the %s profile has no in-instance stop command (meter_stop.how.command), "
+                          "so autostop can only report idleness; stop the box yourself or set "
+                          "autostop.command" % provider}
+    irreversible = bool(cfg.get("irreversible", False))
+    if irreversible and not cfg.get("allow_irreversible"):
+        return {"command": None, "action": "no_safe_verb",
+                "detail": "the stop command %r is irreversible and autostop.allow_irreversible is "
+                          "not set" % command}
+    return {"command": command, "irreversible": irreversible}

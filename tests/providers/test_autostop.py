@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from orchestrator.agent.autostop import decide, meter_stop_plan, tick
 from orchestrator.agent.store import Store
+from orchestrator.profiles import load_profile
 
-CFG = {"provider": "runpod", "autostop": {"enabled": True, "idle_minutes": 10, "util_threshold": 10}}
+
+def agent_config(profile: str, **autostop) -> dict:
+    """What the controller sends the agent: the profile's ``autostop`` section (which carries
+    the profile's meter-stop command) and the provider name."""
+    auto = dict(load_profile(profile).get("autostop"), enabled=True, idle_minutes=10, util_threshold=10)
+    auto.update(autostop)
+    return {"provider": profile, "autostop": auto}
+
+
+CFG = agent_config("runpod")
 
 
 def store_with_job(tmp_path, state="succeeded", metrics=None, ended_at=1000.0):
@@ -79,19 +91,49 @@ def test_gate_refusal_stops_nothing(tmp_path):
     assert any(e["severity"] == "warn" and "refused" in e["message"] for e in st.events())
 
 
-def test_no_safe_verb_means_no_stop(tmp_path):
+def test_a_profile_without_a_stop_command_only_reports(tmp_path):
     st = store_with_job(tmp_path)
     gate = Gate()
-    lam = dict(CFG, provider="lambda")       # an in-OS shutdown keeps billing on Lambda
+    lam = agent_config("lambda")       # an in-OS shutdown keeps billing on Lambda: no command
     tick(st, lam, gpu_utils=lambda: [0.0], gate=gate, now=5000)
-    assert tick(st, lam, gpu_utils=lambda: [0.0], gate=gate, now=5600)["action"] == "no_safe_verb"
-    assert gate.plans == []
+    res = tick(st, lam, gpu_utils=lambda: [0.0], gate=gate, now=5600)
+    assert res["action"] == "no_stop_command" and gate.plans == []
+    assert "lambda profile has no in-instance stop command" in res["detail"]
+    tick(st, lam, gpu_utils=lambda: [0.0], gate=gate, now=5700)
+    said = [e for e in st.events() if e["kind"] == "autostop"]
+    assert len(said) == 1 and "not stopping" in said[0]["message"]  # said once, not every tick
+
+
+def test_irreversible_commands_need_consent():
     user = {"autostop": {"enabled": True, "command": "vastai destroy instance $CONTAINER_ID",
                          "irreversible": True}}
-    assert meter_stop_plan(user) is None
+    assert meter_stop_plan(user)["action"] == "no_safe_verb" and meter_stop_plan(user)["command"] is None
     user["autostop"]["allow_irreversible"] = True
     assert meter_stop_plan(user)["irreversible"] is True
-    assert meter_stop_plan({"provider": "vastai"})["command"].startswith("curl")
+
+
+@pytest.mark.parametrize("profile,start", [("autodl", "/usr/bin/shutdown"), ("runpod", "runpodctl stop pod"),
+                                           ("vastai", "curl -fsS -X PUT")])
+def test_the_stop_command_is_the_profiles(profile, start):
+    plan = meter_stop_plan(agent_config(profile))
+    assert plan["command"] == load_profile(profile).get("meter_stop.how.command")
+    assert plan["command"].startswith(start) and plan["irreversible"] is False
+
+
+def test_the_user_command_wins_and_the_agent_knows_no_provider():
+    assert meter_stop_plan(agent_config("runpod", command="my-stop"))["command"] == "my-stop"
+    # the provider name alone gives no command: the agent holds no table of them
+    assert meter_stop_plan({"provider": "runpod", "autostop": {"enabled": True}})["command"] is None
+
+
+def test_the_controller_forwards_the_command():
+    try:
+        from orchestrator.core.client import host_config
+    except ImportError:
+        from orchestrator.core.session import host_config
+    cfg = host_config({"name": "box", "profile": "autodl"})
+    assert cfg["autostop"]["command"] == "/usr/bin/shutdown"
+    assert "command" not in host_config({"name": "b2", "profile": "lambda"})["autostop"]
 
 
 def test_disabled_by_default(tmp_path):

@@ -3,83 +3,42 @@
 Every state change is one compare-and-set UPDATE (``transition``), so two writers can never
 both move a job, and a late writer never moves a finished job back. Client verbs only insert
 queued rows or set the cancel flag; the runner owns ``running`` and the terminal states.
+The schema and its versions live in ``migrations``: opening a Store brings an older file up to
+date and refuses one written by a newer agent (``StoreTooNew``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from typing import Any, Iterable, Optional
 
 from orchestrator.agent import states as S
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  id TEXT NOT NULL UNIQUE,
-  name TEXT NOT NULL,
-  command TEXT NOT NULL,
-  cwd TEXT,
-  env TEXT NOT NULL DEFAULT '{}',
-  gpus INTEGER NOT NULL DEFAULT 0,
-  gpu_ids TEXT NOT NULL DEFAULT '[]',
-  retries INTEGER NOT NULL DEFAULT 0,
-  timeout_s REAL,
-  metrics TEXT,
-  checkpoints TEXT,
-  state TEXT NOT NULL DEFAULT 'queued',
-  attempt INTEGER NOT NULL DEFAULT 0,
-  attempt_base INTEGER NOT NULL DEFAULT 0,
-  exit_code INTEGER,
-  pid INTEGER,
-  boot_id TEXT,
-  run_dir TEXT NOT NULL,
-  log TEXT NOT NULL,
-  cancel_requested INTEGER NOT NULL DEFAULT 0,
-  force_resume INTEGER NOT NULL DEFAULT 0,
-  reason TEXT,
-  source TEXT,
-  submitted_at REAL NOT NULL,
-  started_at REAL,
-  ended_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-CREATE TABLE IF NOT EXISTS events (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  ts REAL NOT NULL,
-  job_id TEXT,
-  kind TEXT NOT NULL,
-  severity TEXT NOT NULL,
-  message TEXT NOT NULL,
-  data TEXT
-);
-CREATE INDEX IF NOT EXISTS events_job ON events(job_id);
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
+from orchestrator.agent.migrations import LATEST as SCHEMA_VERSION  # noqa: F401  (re-exported)
+from orchestrator.agent.migrations import StoreTooNew, ensure_current  # noqa: F401  (StoreTooNew re-exported)
 
 JSON_COLS = ("env", "gpu_ids")
 SEVERITIES = ("info", "warn", "error", "critical")
+EVENT_FIELDS = ("exit_code", "attempt", "reason", "stop_cause")  # copied into a state event's data
 
 
 class Store:
     """One SQLite file per host. Safe to open from many processes at once."""
 
     def __init__(self, path: str):
+        """Open (creating or migrating as needed, see ``migrations``); raises ``StoreTooNew``,
+        having written nothing, when a newer agent wrote the file."""
         self.path = path
-        fresh = not os.path.exists(path)
         self.db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA busy_timeout=30000")
-        if fresh or self._needs_schema():
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.executescript(SCHEMA)
-        self.db.execute("PRAGMA synchronous=NORMAL")
-
-    def _needs_schema(self) -> bool:
-        row = self.db.execute("SELECT name FROM sqlite_master WHERE name='kv'").fetchone()
-        return row is None
+        try:
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA busy_timeout=30000")
+            ensure_current(self.db, path)
+            self.db.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:
+            self.db.close()
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -147,7 +106,12 @@ class Store:
 
     def transition(self, job_id: str, from_states: Iterable[str], to_state: str,
                    *, user_retry: bool = False, **fields: Any) -> bool:
-        """Compare-and-set: move ``job_id`` to ``to_state`` only if it is in ``from_states``."""
+        """Compare-and-set: move ``job_id`` to ``to_state`` only if it is in ``from_states``.
+
+        A queued job has no stop cause: moving one back to the queue (retry, requeue) clears
+        ``stop_cause`` unless the caller sets it, so a stale cause never ends the next attempt."""
+        if to_state == S.QUEUED:
+            fields.setdefault("stop_cause", None)
         srcs = [s for s in from_states if S.allowed(s, to_state, user_retry=user_retry)]
         if not srcs:
             return False
@@ -161,7 +125,7 @@ class Store:
         ok = cur.rowcount == 1
         if ok:
             self.add_event(job_id, "state", "info", "%s -> %s" % ("|".join(srcs), to_state),
-                           {"to": to_state, **{k: v for k, v in fields.items() if k in ("exit_code", "attempt", "reason")}})
+                           {"to": to_state, **{k: v for k, v in fields.items() if k in EVENT_FIELDS}})
         return ok
 
     def update_fields(self, job_id: str, in_states: Iterable[str], **fields: Any) -> bool:

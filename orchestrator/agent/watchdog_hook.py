@@ -107,7 +107,9 @@ def _stop_job(ctx: Any, job: Dict[str, Any], finding: Dict[str, Any], action: st
     """kill: cancel the job (TERM then KILL, no retry). requeue: TERM it with a watchdog reason
     so the runner's retry budget decides the next attempt."""
     jid, pid = job["id"], job.get("pid")
-    fields: Dict[str, Any] = {"reason": "watchdog %s: %s" % (action, finding["message"])}
+    # stop_cause tells the runner how the attempt ends (see runner.STOP_OUTCOME); reason is for people
+    fields: Dict[str, Any] = {"reason": "watchdog %s: %s" % (action, finding["message"]),
+                              "stop_cause": "watchdog" if action == "kill" else "watchdog_requeue"}
     if action == "kill":
         fields["cancel_requested"] = 1
     ctx.store.update_fields(jid, ["running"], **fields)

@@ -58,7 +58,7 @@ def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[
     p = progress.get(str(job["id"])) or {}
     if job["state"] == S.RUNNING and p.get("step") is None:
         # the watchdog has not ticked since this job started: read its progress now (a tail read)
-        from orchestrator.health.watchdog import metrics_path, read_progress
+        from orchestrator.quality.progress import metrics_path, read_progress
         step, loss = read_progress(metrics_path(job), job.get("log"))
         p = {"step": step, "loss": loss}
     return {"id": job["id"], "name": job.get("name"), "state": job["state"], "gpu_ids": job.get("gpu_ids") or [],

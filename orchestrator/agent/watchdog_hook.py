@@ -184,7 +184,9 @@ def tick(ctx: Any, now: Optional[float] = None, the_probe: Any = None,
     kids = system.children_map(proc) if jobs else {}
     prev = ctx.store.kv_get(STATE_KEY, {}) or {}
     prev_jobs = prev.get("jobs") or {}
-    obs = [watchdog.observe_job(j, kids, holders, prev_jobs.get(str(j["id"])) or {}, proc) for j in jobs]
+    from orchestrator.quality import progress  # the judge's step/loss parsing, as a tail read
+    obs = [watchdog.observe_job(j, kids, holders, prev_jobs.get(str(j["id"])) or {}, proc, progress)
+           for j in jobs]
     host = {"cgroup": system.cgroup_memory(cgroup_root, proc),
             "disks": system.disk_usage(storage_paths(ctx, cfg, jobs), statvfs),
             "boot_id": system.boot_id(proc), "gpu_available": gpu["available"],

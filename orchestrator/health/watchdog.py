@@ -9,9 +9,7 @@ is never called stalled.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import procs
@@ -29,9 +27,6 @@ DEFAULT_POLICY = {
 DEFAULTS: Dict[str, Any] = {"interval_s": 60.0, "stall_after_s": 1800.0, "no_gpu_grace_s": 300.0,
                             "idle_util_pct": 5.0, "cgroup_mem_pct": 90.0, "disk_pct": 95.0,
                             "inode_pct": 95.0, "paths": [], "device_glob": None}
-_STEP_RE = re.compile(r"(?:global_step|step|iter(?:ation)?)\s*[=:]?\s*(\d+)", re.I)
-_LOSS_RE = re.compile(r"\bloss\s*[=:]\s*([-+0-9.eE]+|nan|inf)", re.I)
-_TAIL = 16384
 
 
 def settings(config: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -82,59 +77,12 @@ def _stat(path: Optional[str]) -> Tuple[Optional[int], Optional[float]]:
     return st.st_size, st.st_mtime
 
 
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - _TAIL))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def metrics_path(job: Dict[str, Any]) -> Optional[str]:
-    """The job's declared metrics file, else ``metrics.jsonl`` in its run dir when present
-    (the convention of the example trainer and of many training scripts)."""
-    if job.get("metrics"):
-        return job["metrics"]
-    cand = os.path.join(job.get("run_dir") or "", "metrics.jsonl")
-    return cand if job.get("run_dir") and os.path.isfile(cand) else None
-
-
-def read_progress(metrics: Optional[str], log: Optional[str]) -> Tuple[Optional[int], Optional[float]]:
-    """Last (step, loss): from the metrics JSONL's last record, else ``step N`` / ``loss=x`` in the log."""
-    step = loss = None
-    if metrics:
-        for line in reversed(_tail(metrics).splitlines()):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                for k in ("step", "global_step", "iter", "iteration"):
-                    if isinstance(rec.get(k), (int, float)):
-                        step = int(rec[k])
-                        break
-                if isinstance(rec.get("loss"), (int, float)):
-                    loss = float(rec["loss"])
-                break
-    if step is None and log:
-        text = _tail(log)
-        steps = _STEP_RE.findall(text)
-        step = int(steps[-1]) if steps else None
-        losses = _LOSS_RE.findall(text)
-        if losses and loss is None:
-            try:
-                loss = float(losses[-1])
-            except ValueError:
-                loss = None
-    return step, loss
-
-
 def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Set[int],
-                prev: Dict[str, Any], proc: str = "/proc") -> Dict[str, Any]:
+                prev: Dict[str, Any], proc: str = "/proc", progress: Any = None) -> Dict[str, Any]:
     """One running job's facts this tick. ``prev`` is this job's entry from the last state
-    (used to skip re-reading progress when files did not grow)."""
+    (used to skip re-reading progress when files did not grow). ``progress`` is the quality
+    room's reader (``orchestrator.quality.progress``: ``metrics_path``, ``read_progress``),
+    passed in by the agent because health may not import quality; None reads no progress."""
     pid = job.get("pid")
     # one liveness rule with the agent's reconcile (procs.job_liveness): running, not a
     # zombie, and carrying this attempt's marker; a running pid without it was reused.
@@ -142,13 +90,15 @@ def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Se
     alive = live == procs.ALIVE
     tree = procs.descendants([int(pid)], kids) if alive else set()
     log_size, log_mtime = _stat(job.get("log"))
-    metrics = metrics_path(job)
+    metrics = progress.metrics_path(job) if progress is not None else None
     met_size, met_mtime = _stat(metrics)
     _, ck_mtime = _stat(job.get("checkpoints"))
     if (log_size, met_size) == (prev.get("log_size"), prev.get("metrics_size")) and "step" in prev:
         step, loss = prev.get("step"), prev.get("loss")
+    elif progress is not None:
+        step, loss = progress.read_progress(metrics, job.get("log"))
     else:
-        step, loss = read_progress(metrics, job.get("log"))
+        step = loss = None
     return {"job_id": str(job["id"]), "pid": pid, "alive": alive,
             "pid_reused": live == procs.FOREIGN, "tree": sorted(tree),
             "holds_gpu": bool(tree & gpu_holders), "gpu_ids": list(job.get("gpu_ids") or []),

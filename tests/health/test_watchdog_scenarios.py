@@ -13,6 +13,7 @@ from healthrig import add_running_job, age, healthy_gpu, job_env
 
 from orchestrator.agent import watchdog_hook
 from orchestrator.health import watchdog
+from orchestrator.quality.progress import read_progress
 
 GIB = 1024 ** 3
 
@@ -234,8 +235,8 @@ def test_bad_watchdog_config_is_an_event_not_a_crash(wd):
 def test_progress_is_read_from_log_lines_without_metrics(tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("epoch 1 step 10 loss=3.2\nwarning: slow io\nepoch 1 step: 20 loss: 2.9\n")
-    assert watchdog.read_progress(None, str(log)) == (20, 2.9)
-    assert watchdog.read_progress(str(tmp_path / "missing.jsonl"), None) == (None, None)
+    assert read_progress(None, str(log)) == (20, 2.9)
+    assert read_progress(str(tmp_path / "missing.jsonl"), None) == (None, None)
 
 
 def test_snapshot_verb_carries_findings_and_progress(wd, procs, tmp_path):

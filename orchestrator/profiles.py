@@ -16,6 +16,7 @@ from orchestrator import paths
 from orchestrator.errors import ProfileError
 from orchestrator.health.watchdog import DEFAULT_POLICY
 from orchestrator.profile_schema import Validator, check_state_dir, node_marks
+from orchestrator.quality.options import DEFAULTS as QUALITY_DEFAULTS, INTERVALS_S
 
 # Applied under every profile, so YAML files state only what differs per provider.
 DEFAULTS: dict[str, Any] = {
@@ -28,7 +29,8 @@ DEFAULTS: dict[str, Any] = {
     },
     # VRAM zombies: a holder must be this old to be listed; reaping is always dry-run first.
     "reap": {"min_age_s": 120},
-    "quality": {"action": "alert"},
+    # the agent's periodic quality check: action and cadence, both from the quality room
+    "quality": {"action": QUALITY_DEFAULTS["action"], "intervals_s": list(INTERVALS_S)},
     "recovery": {"on_preempt": "wait"},
     "autostop": {"enabled": False, "idle_minutes": 30, "require_verified_pull": True},
 }

@@ -14,6 +14,16 @@ import traceback
 from typing import Any, Dict, List, Optional
 
 
+def _quality_scan_every(cfg: Dict[str, Any]) -> float:
+    """How often to look for due quality checks: at least as often as the shortest interval
+    of the ladder (one default, in ``quality.options``), and at least every 30 s."""
+    try:
+        from orchestrator.quality.options import check_intervals
+    except ImportError:  # a trimmed agent without the quality room: nothing to schedule
+        return 30.0
+    return max(1.0, min(30.0, min(check_intervals(cfg))))
+
+
 class Periodic:
     def __init__(self, ctx: Any):
         self.ctx = ctx
@@ -24,9 +34,7 @@ class Periodic:
         cfg = self.ctx.config
         interval = float((cfg.get("watchdog") or {}).get("interval_s", 60))
         auto_every = float((cfg.get("autostop") or {}).get("check_interval_s", 60))
-        # look for due quality checks at least as often as the shortest interval of the ladder
-        ladder = (cfg.get("quality") or {}).get("intervals_s") or [600]
-        q_every = max(1.0, min(30.0, float(min(ladder))))
+        q_every = _quality_scan_every(cfg)
         for name, every, fn in (("watchdog", interval, self.watchdog), ("quality", q_every, self.quality),
                                 ("autostop", auto_every, self.autostop), ("notify", 5.0, self.notify)):
             if now >= self.due.get(name, 0.0):

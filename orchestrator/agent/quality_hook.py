@@ -16,12 +16,11 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import judge as J
-from orchestrator.quality.options import opts_from_config
+from orchestrator.quality.options import check_intervals, opts_from_config
 from orchestrator.quality.plot import sparkline, write_plot
 from orchestrator.quality.sources import Tracker, discover
 from orchestrator.quality.steps import newest_step
 
-LADDER_S = (600, 1200, 1800, 3600)
 _TRACKERS: Dict[str, Tuple[Tuple[str, ...], Tracker]] = {}  # job id -> (targets, tracker), daemon lifetime
 
 
@@ -40,19 +39,14 @@ def metrics_targets(job: dict, with_log: bool = True) -> List[str]:
     return out
 
 
-def _ladder(config: dict) -> Tuple[float, ...]:
-    q = (config or {}).get("quality") or {}
-    lad = q.get("intervals_s") or LADDER_S
-    return tuple(float(x) for x in lad)
-
-
 def _key(job: dict) -> str:
     return "quality:%s" % job["id"]
 
 
 def periodic_due(store, job: dict, now: float, config: Optional[dict] = None) -> bool:
     """True when this running job has metrics and its next check time has come. The first
-    check comes one interval (``quality.intervals_s[0]``, default 10 min) after the start."""
+    check comes one interval (``quality.intervals_s[0]``, default ``options.INTERVALS_S``) after
+    the start."""
     st = store.kv_get(_key(job)) or {}
     if st.get("attempt") != job.get("attempt"):
         st = {}
@@ -61,7 +55,7 @@ def periodic_due(store, job: dict, now: float, config: Optional[dict] = None) ->
     if not metrics_targets(job, with_log=False):
         return False
     start = job.get("started_at") or now
-    return now >= start + _ladder(config or {})[0]
+    return now >= start + check_intervals(config)[0]
 
 
 def _tracker(job: dict, targets: List[str]) -> Tracker:
@@ -74,7 +68,7 @@ def _tracker(job: dict, targets: List[str]) -> Tracker:
 
 def periodic_check(store, job: dict, now: float, config: dict) -> dict:
     """Judge one running job; returns {verdict, summary, stop, interval_s, findings, evidence_path}."""
-    ladder = _ladder(config)
+    ladder = check_intervals(config)
     st = store.kv_get(_key(job)) or {}
     if st.get("attempt") != job.get("attempt"):
         st = {"attempt": job.get("attempt"), "idx": 0}

@@ -13,6 +13,21 @@ from typing import Optional, Tuple
 from orchestrator.quality.series import SYNONYMS
 
 DEFAULTS = {"action": "alert", "reviewer_timeout_s": 60}
+# The periodic check's adaptive cadence on the agent: 10 -> 20 -> 30 -> 60 min while healthy,
+# back to the first after any anomaly. ``quality.intervals_s`` in a profile replaces it.
+INTERVALS_S: Tuple[float, ...] = (600, 1200, 1800, 3600)
+
+
+def check_intervals(config: Optional[dict]) -> Tuple[float, ...]:
+    """The periodic check's interval ladder from a host config (``quality.intervals_s``), else
+    ``INTERVALS_S``. A missing, empty or malformed ladder falls back to the default: the agent
+    must keep checking, and the profile schema already refused bad values at the controller."""
+    lad = ((config or {}).get("quality") or {}).get("intervals_s")
+    try:
+        out = tuple(float(x) for x in lad) if lad else ()
+    except (TypeError, ValueError):
+        out = ()
+    return out if out and all(x > 0 for x in out) else INTERVALS_S
 
 
 def parse_primary(text: Optional[str]) -> Optional[Tuple[str, str]]:

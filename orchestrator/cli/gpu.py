@@ -59,12 +59,9 @@ def gpu(ctx: click.Context, host: str | None, expect: int | None, as_json: bool)
 
     Exits 0 on PASS or WARN and 2 on FAIL, so a script can decide to re-rent.
     """
-    from orchestrator.core.session import open_session
-    from orchestrator.health.verdict import exit_code
+    from orchestrator.core.gpu import exit_code, gpu_report
 
-    with open_session(host) as s:
-        name = s.host["name"]
-        rep = s.gpu(expect)
+    name, rep = gpu_report(host, expect)
     if as_json:
         emit_json(dict(rep, host=name))
     else:

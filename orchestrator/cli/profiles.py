@@ -11,24 +11,6 @@ import os
 
 import click
 
-from orchestrator.errors import ProfileError
-
-
-def _row(p) -> dict:
-    d = p.data
-    return {
-        "name": p.name, "kind": d["kind"], "description": d["description"],
-        "source": p.source, "layers": p.layers,
-        "meter_stop": d["meter_stop"]["name"],
-        "meter_stop_irreversible": d["meter_stop"]["irreversible"],
-        "destroy": d["destroy"]["name"],
-        "bills_when_stopped": d["billing"]["when_stopped"],
-        "danger_clocks": [f"{c['name']}: after {c['after']}" for c in d["danger_clocks"]],
-        "spot": d["spot"]["available"], "detach": d["detach"], "boot_hook": d["boot_hook"],
-        "credential_env": (d["api"] or {}).get("credential_env"),
-        "checked": d["checked"],
-    }
-
 
 @click.group()
 def profiles() -> None:
@@ -39,14 +21,9 @@ def profiles() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape.")
 def ls_cmd(as_json: bool) -> None:
     """One line per profile: meter-stop verb, what bills when stopped, danger clocks."""
-    from orchestrator.profiles import available_names, load_profile
+    from orchestrator.core.profiles import list_profiles
 
-    rows, errors = [], []
-    for name in available_names():
-        try:
-            rows.append(_row(load_profile(name)))
-        except ProfileError as exc:
-            errors.append({"name": name, "error": str(exc), "hint": exc.hint})
+    rows, errors = list_profiles()
     if as_json:
         click.echo(json.dumps({"profiles": rows, "errors": errors}, indent=2,
                               ensure_ascii=False))
@@ -85,18 +62,15 @@ def _table(rows: list[dict]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the merged profile as JSON.")
 def show_cmd(name: str, as_json: bool) -> None:
     """Everything profile NAME says, with its traps spelled out."""
-    from orchestrator.profiles import load_profile, plain_words
+    from orchestrator.core.profiles import show_profile
 
-    p = load_profile(name)
-    plain = plain_words(p)
+    doc = show_profile(name)
     if as_json:
-        click.echo(json.dumps({"name": p.name, "source": p.source, "layers": p.layers,
-                               "profile": p.data, "plain": plain}, indent=2,
-                              ensure_ascii=False))
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
         return
-    d = p.data
-    out = [f"{p.name}: {d['description']}",
-           f"  kind {d['kind']}; facts checked {d['checked']}; from {', '.join(p.layers)}"]
+    d, plain = doc["profile"], doc["plain"]
+    out = [f"{doc['name']}: {d['description']}",
+           f"  kind {d['kind']}; facts checked {d['checked']}; from {', '.join(doc['layers'])}"]
     for s in d["sources"]:
         out.append(f"  source: {s}")
     if d["ssh"]:

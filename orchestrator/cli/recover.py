@@ -43,17 +43,9 @@ def recover(host: str, policy: Optional[str], yes: bool, dest: Optional[str], no
     """
     from orchestrator.cli.render import console, emit_json
     from orchestrator.core import recover as rec
-    from orchestrator.errors import BadInput, Unsupported
-    from orchestrator.hosts import get_host
-    from orchestrator.profiles import load_profile
+    from orchestrator.errors import BadInput
 
-    entry = get_host(host)
-    if not (entry.get("instance") or {}).get("id"):
-        raise Unsupported(f"host {host!r} was not rented through a provider API; gpurun cannot see "
-                          "its provider state", hint="check the box yourself; `gpurun queue status` "
-                                                     f"--host {host} restarts its agent if it is back")
-    prof = load_profile(entry["profile"])
-    chosen = policy or str(prof.get("recovery.on_preempt") or "wait")
+    entry, chosen, every = rec.target(host, policy, interval)
     if watch and chosen != "wait" and not yes:
         raise BadInput(f"--watch with policy {chosen!r} acts unattended and that costs money",
                        hint="add --yes, or use --policy wait")
@@ -72,7 +64,6 @@ def recover(host: str, policy: Optional[str], yes: bool, dest: Optional[str], no
     kwargs = dict(policy=policy, wait_timeout=wait_timeout, confirm=confirm, dest=dest,
                   up_kwargs={"setup": not no_setup, "wait_timeout": wait_timeout},
                   progress=lambda m: err.print(m, highlight=False))
-    every = float(interval if interval is not None else prof.get("watchdog.interval_s") or 60)
     t0 = time.time()
     while True:
         res = rec.recover(entry, **kwargs)

@@ -26,19 +26,9 @@ MARK = {"ok": "[green]ok  [/green]", "warn": "[yellow]WARN[/yellow]", "fail": "[
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def setup(provider: str, host: str, dry_run: bool, as_json: bool) -> None:
     """Check and prepare HOST (from `gpurun host ls`) for PROVIDER (a profile name)."""
-    from orchestrator.core.session import open_session
-    from orchestrator.core.setup import refusal_error, run_setup
-    from orchestrator.hosts import get_host
-    from orchestrator.profiles import load_profile
+    from orchestrator.core.setup import refusal_error, setup_host
 
-    profile = load_profile(provider)
-    entry = get_host(host)
-    if dry_run:
-        # Nothing may touch the host, not even a connection.
-        report = run_setup(profile, entry, None, dry_run=True)
-    else:
-        with open_session(host=entry) as session:
-            report = run_setup(profile, entry, session.transport)
+    report = setup_host(provider, host, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
     else:

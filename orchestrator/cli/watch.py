@@ -20,16 +20,6 @@ from orchestrator.errors import GpurunError
 SEV_STYLE = {"info": "dim", "warn": "yellow", "error": "red", "critical": "bold red"}
 
 
-def _hosts(names: tuple[str, ...]) -> list[dict]:
-    from orchestrator import hosts as hostinv
-
-    if names:
-        return [hostinv.get_host(n) for n in names]
-    inv = hostinv.load_hosts()
-    remote = [h for n, h in sorted(inv.items()) if n != "local"]
-    return remote or [inv["local"]]
-
-
 def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float) -> list[dict]:
     """One snapshot per host, in parallel. A failed host becomes ``{ok: false, error}``."""
     def one(name: str) -> dict:
@@ -159,9 +149,10 @@ def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, ti
     """Live view of hosts, GPUs (util, memory, temperature, power, health) and jobs
     (state, runtime, last step and loss, watchdog findings)."""
     from orchestrator.core import agentship
+    from orchestrator.core.hosts import watch_targets
     from orchestrator.core.session import open_session
 
-    entries = _hosts(hosts)
+    entries = watch_targets(hosts)
     agentship.build()  # once, here: parallel first calls would race to write the same zipapp
     with ExitStack() as stack, cf.ThreadPoolExecutor(max_workers=min(32, len(entries))) as pool:
         sessions = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}

@@ -21,6 +21,25 @@ BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 POLICIES = ("wait", "restart", "replace")
 
 
+def target(host: str, policy: str | None = None, interval: float | None = None) -> tuple[dict, str, float]:
+    """``(entry, policy, interval_s)`` for ``recover HOST``: the policy given, else the profile's
+    ``recovery.on_preempt`` (default ``wait``); the interval given, else the profile's
+    ``watchdog.interval_s`` (default 60). Raises Unsupported for a host not rented through a
+    provider API (nobody can say its provider state), HostError for an unknown host."""
+    from orchestrator.hosts import get_host
+    from orchestrator.profiles import load_profile
+
+    entry = get_host(host)
+    if not (entry.get("instance") or {}).get("id"):
+        raise Unsupported(f"host {host!r} was not rented through a provider API; gpurun cannot see "
+                          "its provider state", hint="check the box yourself; `gpurun queue status` "
+                                                     f"--host {host} restarts its agent if it is back")
+    prof = load_profile(entry["profile"])
+    chosen = policy or str(prof.get("recovery.on_preempt") or "wait")
+    every = float(interval if interval is not None else prof.get("watchdog.interval_s") or 60)
+    return entry, chosen, every
+
+
 def read_boot_id(entry: dict) -> str | None:
     """The box's kernel boot id over SSH, or None when it cannot be read."""
     try:

@@ -222,6 +222,22 @@ def run_setup(profile: Profile, host: dict, transport: Any, *, dry_run: bool = F
     return report
 
 
+def setup_host(provider: str, host: str, *, dry_run: bool = False) -> dict:
+    """``gpurun setup PROVIDER HOST``: :func:`run_setup` with profile ``provider`` on inventory
+    host ``host``. A dry run opens no connection at all. Returns the report; raises
+    ProfileError / HostError for bad names, TransportError when the box cannot be reached."""
+    from orchestrator.core.session import open_session
+    from orchestrator.hosts import get_host
+    from orchestrator.profiles import load_profile
+
+    profile = load_profile(provider)
+    entry = get_host(host)
+    if dry_run:
+        return run_setup(profile, entry, None, dry_run=True)
+    with open_session(host=entry) as session:
+        return run_setup(profile, entry, session.transport)
+
+
 def refusal_error(report: dict) -> ProfileError:
     r = report["refusal"]
     return ProfileError(r["message"], r["hint"])

@@ -20,6 +20,7 @@ import time
 import zlib
 from typing import Optional
 
+from orchestrator.agent.migrations import refuse_if_too_new
 from orchestrator.agent.protocol import AGENT_START, VerbError
 
 START_TIMEOUT_S = 15.0
@@ -104,6 +105,8 @@ def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout
     info = running_daemon(state_dir)
     if info and info["build"] == build:
         return {"action": "none", "pid": info["pid"], "build": build}
+    # an older agent must not stop a newer daemon it could not replace: check its store first
+    refuse_if_too_new(files(state_dir)["db"])
     replaced = None
     if info:
         replaced = info["build"]

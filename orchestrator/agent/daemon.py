@@ -18,6 +18,7 @@ from typing import Optional
 
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.control import files, load_config, write_atomic
+from orchestrator.agent.migrations import StoreTooNew
 from orchestrator.agent.periodic import Periodic
 from orchestrator.agent.runner import Runner
 from orchestrator.agent.store import Store
@@ -47,6 +48,12 @@ class Daemon:
         fd = self._lock()
         if fd is None:
             return 0  # another daemon holds the lock: nothing to do
+        try:
+            # the store first: a database from a newer agent is refused before this build claims the box
+            store = Store(self.f["db"])
+        except StoreTooNew as exc:
+            sys.stderr.write("gpurun agent %s: %s\n  hint: %s\n" % (self.build, exc, exc.hint))
+            return 1
         write_atomic(self.f["pid"], "%d\n" % os.getpid())
         write_atomic(self.f["build"], self.build + "\n")
         rfd, wfd = os.pipe()
@@ -57,7 +64,6 @@ class Daemon:
             signal.signal(sig, lambda *_: None)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_stop)
-        store = Store(self.f["db"])
         config = load_config(self.state_dir)
         runner = Runner(store, self.state_dir, config, [sys.executable or "python3", self.pyz])
         store.add_event(None, "agent_start", "info", "agent %s started (pid %d)" % (self.build, os.getpid()),

@@ -16,7 +16,7 @@ from typing import Any, Dict
 from orchestrator.agent import states as S
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.control import running_daemon, wake
-from orchestrator.agent.protocol import CONFLICT, VerbError, wire_job
+from orchestrator.agent.protocol import BAD_INPUT, CONFLICT, VerbError, wire_job
 
 
 def v_submit(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
@@ -71,10 +71,10 @@ def v_cancel(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     jobs = ctx.store.jobs(S.ACTIVE) if req.get("all") else [ctx.find_job(r) for r in req.get("jobs", [])]
     out = []
     for job in jobs:
-        if job["state"] == S.QUEUED and ctx.store.transition(job["id"], [S.QUEUED], S.CANCELLED,
-                                                             ended_at=time.time(), reason="cancelled by user"):
+        if job["state"] == S.QUEUED and ctx.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
+                                                             reason="cancelled by user", stop_cause="user"):
             out.append({"id": job["id"], "name": job["name"], "result": "cancelled"})
-        elif ctx.store.update_fields(job["id"], [S.QUEUED, S.RUNNING], cancel_requested=1):
+        elif ctx.store.update_fields(job["id"], [S.QUEUED, S.RUNNING], cancel_requested=1, stop_cause="user"):
             out.append({"id": job["id"], "name": job["name"], "result": "stopping"})
         else:
             out.append({"id": job["id"], "name": job["name"], "result": "already %s" % job["state"]})
@@ -86,10 +86,11 @@ def v_retry(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     job = ctx.find_job(req["job"])
     if not S.is_terminal(job["state"]):
         raise VerbError("job %s is %s; only a finished job can be retried" % (job["name"], job["state"]),
-                        "bad_input", "cancel it first with `gpurun queue cancel %s`" % job["name"])
+                        BAD_INPUT, "cancel it first with `gpurun queue cancel %s`" % job["name"])
     force = bool(req.get("force"))
     ok = ctx.store.transition(job["id"], [job["state"]], S.QUEUED, user_retry=True, attempt_base=job["attempt"],
-                              cancel_requested=0, force_resume=1 if force else 0, exit_code=None, ended_at=None,
+                              cancel_requested=0, stop_cause=None, force_resume=1 if force else 0, exit_code=None,
+                              ended_at=None,
                               reason="retry requested%s" % (" with --force" if force else ""))
     if not ok:
         raise VerbError("job %s changed state while retrying; try again" % job["name"], CONFLICT)

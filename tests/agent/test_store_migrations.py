@@ -228,3 +228,25 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     assert "stop_cause" not in cols and "x" not in cols
     assert _dump(path) == before
     assert not os.path.exists(str(path) + "-journal")
+
+
+def test_older_agent_never_stops_a_newer_daemon(tmp_path):
+    """``ensure`` from a build that cannot read the store refuses before replacing the daemon."""
+    from orchestrator.agent import control
+
+    state = tmp_path / "state"
+    state.mkdir()
+    pyz = str(REPO / "orchestrator" / "agent" / "__main__.py")
+    # the newer daemon: it runs, holds the lock, and its store is one schema ahead of this agent
+    first = control.ensure(str(state), pyz, "newer-build")
+    assert first["action"] == "started"
+    try:
+        db = sqlite3.connect(str(state / DB_NAME), isolation_level=None)
+        db.execute("PRAGMA user_version=%d" % (LATEST + 1))
+        db.close()
+        with pytest.raises(StoreTooNew):
+            control.ensure(str(state), pyz, "older-build", timeout=5)
+        info = control.running_daemon(str(state))
+        assert info is not None and info["build"] == "newer-build" and info["pid"] == first["pid"]
+    finally:
+        os.kill(first["pid"], 15)

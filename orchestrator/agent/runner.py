@@ -152,13 +152,15 @@ class Runner:
             if self.store.transition(jid, [S.RUNNING], S.QUEUED, attempt=job["attempt"] - 1, pid=None):
                 self.store.add_event(jid, "requeued", "info", "attempt %d never started; requeued" % job["attempt"])
             return
-        if code == 0:
-            self.store.transition(jid, [S.RUNNING], S.SUCCEEDED, exit_code=0, ended_at=now, pid=None)
-            return
         cause = stop_cause(job)
         if job["cancel_requested"] and STOP_OUTCOME.get(cause or "") is None:
             cause = STOP_USER  # a cancel outranks a timeout or a requeue asked for earlier
         outcome = STOP_OUTCOME.get(cause or "")
+        if code == 0 and outcome is None:
+            self.store.transition(jid, [S.RUNNING], S.SUCCEEDED, exit_code=0, ended_at=now, pid=None)
+            return
+        # a stop that was asked for wins over exit 0: a trainer that saves and exits cleanly on
+        # SIGTERM after diverging is still quality_stopped, and a cancelled one still cancelled
         if outcome == S.QUALITY_STOPPED:
             self.store.transition(jid, [S.RUNNING], S.QUALITY_STOPPED, exit_code=code, ended_at=now, pid=None,
                                   stop_cause=cause)

@@ -152,3 +152,12 @@ def test_refuse_if_too_new_reads_only(tmp_path):
     assert not path.exists()
     Store(str(path)).close()
     refuse_if_too_new(str(path))
+
+
+def test_a_stop_asked_for_wins_over_a_clean_exit(tmp_path, monkeypatch):
+    """A trainer that traps SIGTERM, saves and exits 0 after a quality stop is not 'succeeded'."""
+    monkeypatch.chdir(REPO)
+    store, runner = _running(tmp_path, command="trap 'exit 0' TERM; sleep 30 & wait")
+    runner.stop_for_quality(store.get_job(JID), "loss is NaN")
+    job = _settle(store, runner)
+    assert job["exit_code"] == 0 and job["state"] == S.QUALITY_STOPPED and job["stop_cause"] == "quality"

@@ -86,7 +86,9 @@ def test_interrupted_submit_retried_adds_each_job_once(box, sshd, tmp_path):
     out, err = proc.communicate(timeout=60)
     assert cut, "the submit finished before its connection could be cut"
     assert proc.returncode == 1, (out, err)
-    assert err.startswith("gpurun: error: box: connection lost") and "Traceback" not in err
+    failure = json.loads(out)["error"]  # --json: the failure is a JSON document on stdout
+    assert failure["code"] == "transport" and failure["message"].startswith("box: connection lost"), failure
+    assert "Traceback" not in err
     res = gpurun("queue", "submit", str(q), "--host", "box", "--json", timeout=120)
     assert res.returncode == 0, res.stderr
     jobs = status("box")

@@ -232,10 +232,8 @@ class Runner:
         need = self.config.get("min_free_mib")
         if not reap.get("auto") and need is None:
             return True
-        try:
-            from orchestrator.agent.watchdog_hook import admission
-        except ImportError:
-            return True
+        # loaded on first use: most profiles never ask for admission, and it brings the GPU probe
+        from orchestrator.agent.admission import admission
         from orchestrator.agent.context import AgentContext
         res = admission(AgentContext(self.state_dir, self.store, self.config, self), gpu_ids, need)
         if not res["ok"]:
@@ -254,10 +252,7 @@ class Runner:
             self.store.update_fields(job["id"], [S.QUEUED], force_resume=0)
             self.store.add_event(job["id"], "gate", "warn", "resume gate overridden with --force")
             return True
-        try:
-            from orchestrator.agent.quality_hook import resume_gate
-        except ImportError:
-            return True
+        from orchestrator.agent.quality_hook import resume_gate  # the metric readers, only on a resume
         try:
             res = resume_gate(job, self.config)
         except Exception as exc:  # an unreadable source is WAIT, never STOP

@@ -146,6 +146,11 @@ class Store:
             (time.time(), job_id, kind, severity, message, json.dumps(data, default=str) if data else None))
         return int(cur.lastrowid)
 
+    def last_event_id(self, kind: str) -> int:
+        """Id of the newest event of ``kind`` (0 when none): read from the end, so cheap."""
+        row = self.db.execute("SELECT id FROM events WHERE kind=? ORDER BY id DESC LIMIT 1", (kind,)).fetchone()
+        return int(row[0]) if row else 0
+
     def events(self, since_id: int = 0, job_id: Optional[str] = None, limit: int = 1000,
                newest: bool = False) -> list[dict]:
         """Events after ``since_id``, oldest first: the first ``limit`` of them, or with

@@ -11,8 +11,9 @@ import time
 from typing import Any, Dict, List
 
 from orchestrator.agent import states as S
-from orchestrator.agent import watchdog_hook as hook
+from orchestrator.agent.admission import reap_plan
 from orchestrator.agent.context import AgentContext
+from orchestrator.agent.gpus import gpu_report
 
 SNAPSHOT_EVENTS = 20
 
@@ -26,7 +27,7 @@ def v_gpu(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     cfg = dict(ctx.config)
     if req.get("expect_gpus") is not None:
         cfg["expect_gpus"] = int(req["expect_gpus"])
-    return _public_gpu(hook.gpu_report(cfg))
+    return _public_gpu(gpu_report(cfg))
 
 
 def v_reap(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
@@ -39,7 +40,7 @@ def v_reap(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     except ValueError:
         cfg = watchdog.settings({})
     min_age = float(req.get("min_age_s", (ctx.config.get("reap") or {}).get("min_age_s", reaper.MIN_AGE_S)))
-    plan = hook.reap_plan(ctx, device_glob=req.get("device_glob") or cfg["device_glob"], min_age_s=min_age,
+    plan = reap_plan(ctx, device_glob=req.get("device_glob") or cfg["device_glob"], min_age_s=min_age,
                           all_users=bool(req.get("all_users")))
     executed = None
     if req.get("kill"):
@@ -47,7 +48,7 @@ def v_reap(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
         for r in executed:
             ctx.store.add_event(None, "reaped", "warn", "VRAM zombie pid %d: %s" % (r["pid"], r["outcome"]),
                                 dict(r, notify=False))
-    rep = hook.gpu_report(ctx.config)
+    rep = gpu_report(ctx.config)
     free = reaper.free_after_reap(plan, rep["_samples"])
     return {"plan": plan, "executed": executed, "free_after_reap_mib": {str(k): v for k, v in free.items()}}
 
@@ -71,14 +72,15 @@ def v_snapshot(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     """``{host, time, gpu: <gpu reply>, jobs: [..], findings: [..], events: [..], system: {..}}``:
     jobs are the active ones plus the last few finished; findings are the watchdog's last tick."""
     now = time.time()
-    last = ctx.store.kv_get(hook.FINDINGS_KEY, {}) or {}
+    from orchestrator.agent.watchdog_hook import FINDINGS_KEY  # the tick's rooms load only for `watch`
+    last = ctx.store.kv_get(FINDINGS_KEY, {}) or {}
     jobs = ctx.store.jobs([S.RUNNING, S.QUEUED])
     done = sorted(ctx.store.jobs(S.TERMINAL),
                   key=lambda j: j.get("ended_at") or 0)[-int(req.get("finished", 5)):]
     events: List[Dict[str, Any]] = ctx.store.events(0, None, SNAPSHOT_EVENTS, newest=True)
     return {
         "host": ctx.config.get("host") or ctx.config.get("name") or socket.gethostname(), "time": now,
-        "gpu": _public_gpu(hook.gpu_report(ctx.config)),
+        "gpu": _public_gpu(gpu_report(ctx.config)),
         "jobs": [_job_row(j, last.get("jobs") or {}, now) for j in jobs + done],
         "findings": last.get("findings") or [], "findings_at": last.get("at"),
         "system": last.get("host") or {},

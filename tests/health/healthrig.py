@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import watchdog_hook
+from orchestrator.agent import gpus
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.store import Store
 
@@ -50,9 +50,9 @@ def fake_nvml(tmp_path, monkeypatch) -> FakeNvml:
     fake = FakeNvml(tmp_path / "nvml.json")
     fake.set([healthy_gpu(0), healthy_gpu(1)], driver="550.54.15")
     monkeypatch.setenv("GPURUN_FAKE_NVML", str(fake.path))
-    watchdog_hook._PROBES.clear()
+    gpus._PROBES.clear()
     yield fake
-    watchdog_hook._PROBES.clear()
+    gpus._PROBES.clear()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from healthrig import add_running_job, age, healthy_gpu, job_env
 
-from orchestrator.agent import watchdog_hook
+from orchestrator.agent import admission, gpus, watchdog_hook
 from orchestrator.health import watchdog
 from orchestrator.quality.progress import read_progress
 
@@ -265,20 +265,20 @@ def test_admission_reports_and_opt_in_reaps_zombies(wd, procs, monkeypatch):
     z = procs.spawn(hold=[wd.device / "nvidia0"])
     wd.nvml.set([healthy_gpu(0, mem_used_mib=71559, processes=[{"pid": z.pid, "used_mib": 70000}]), healthy_gpu(1)])
     wd.ctx.config["reap"] = {"min_age_s": 0}
-    res = watchdog_hook.admission(wd.ctx, [0], need_mib=40000)
+    res = admission.admission(wd.ctx, [0], need_mib=40000)
     assert res["zombies"] == [z.pid] and res["reaped"] == [] and res["ok"] is True
     assert res["free_mib"][0] == pytest.approx(80000)
     assert z.poll() is None  # reaping is opt-in
     wd.ctx.config["reap"]["auto"] = True
     wd.ctx.config["reap"]["grace_s"] = 2
-    res = watchdog_hook.admission(wd.ctx, [0])
+    res = admission.admission(wd.ctx, [0])
     assert res["reaped"] == [{"pid": z.pid, "outcome": "terminated"}]
     assert z.wait(timeout=5) == -signal.SIGTERM
 
 
 def test_broken_probe_is_reported_not_raised(wd):
     wd.nvml.path.write_text("{not json")
-    watchdog_hook._PROBES.clear()
-    rep = watchdog_hook.gpu_report(wd.ctx.config)
+    gpus._PROBES.clear()
+    rep = gpus.gpu_report(wd.ctx.config)
     assert rep["available"] is False and "cannot read fake NVML file" in rep["no_driver"]
     assert wd.tick() == []

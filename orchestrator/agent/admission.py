@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from orchestrator.agent import procs
 from orchestrator.agent import states as S
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.gpus import gpu_report
@@ -14,9 +15,11 @@ from orchestrator.health import reaper
 
 
 def reap_plan(ctx: AgentContext, **kw: Any) -> Dict[str, Any]:
-    """``reaper.plan`` with this agent's running jobs (ids and pids) protected."""
+    """``reaper.plan`` with this agent's running attempts protected (by marker and pid): a
+    process left over from an earlier attempt of a running job is an orphan like any other."""
     running = ctx.store.jobs([S.RUNNING])
-    return reaper.plan([j["id"] for j in running], [j["pid"] for j in running if j.get("pid")], **kw)
+    return reaper.plan([procs.token(j["id"], j["attempt"]) for j in running],
+                       [j["pid"] for j in running if j.get("pid")], **kw)
 
 
 def admission(ctx: AgentContext, gpu_ids: List[int], need_mib: Optional[float] = None) -> Dict[str, Any]:
@@ -26,7 +29,7 @@ def admission(ctx: AgentContext, gpu_ids: List[int], need_mib: Optional[float] =
     opts = ctx.config.get("reap") or {}
     plan = reap_plan(ctx, min_age_s=float(opts.get("min_age_s", reaper.MIN_AGE_S)))
     rep = gpu_report(ctx.config)
-    zombies = reaper.zombies_by_gpu(plan, rep["_samples"])
+    zombies = reaper.orphans_by_gpu(plan, rep["_samples"])
     mine = sorted({pid for g in gpu_ids for pid in zombies.get(g, [])})
     reaped: List[Dict[str, Any]] = []
     if mine and opts.get("auto"):

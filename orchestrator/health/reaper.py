@@ -221,5 +221,3 @@ def free_after_reap(the_plan: Dict[str, Any], samples: List[Any]) -> Dict[int, O
         out[s.index] = free
     return out
 
-
-zombies_by_gpu = orphans_by_gpu  # the old name; agent/watchdog_hook.py still calls it

@@ -124,7 +124,7 @@ def test_admission_free_vram_after_reap(device, procs):
     p = plan_for(device)
     samples = [GpuSample.from_dict(healthy_gpu(0, mem_used_mib=71559, processes=[{"pid": z.pid, "used_mib": 70000}])),
                GpuSample.from_dict(healthy_gpu(1))]
-    assert reaper.zombies_by_gpu(p, samples) == {0: [z.pid]}
+    assert reaper.orphans_by_gpu(p, samples) == {0: [z.pid]}
     free = reaper.free_after_reap(p, samples)
     assert free[0] == pytest.approx(80000) and free[1] == pytest.approx(80535)
 

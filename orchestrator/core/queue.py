@@ -4,18 +4,18 @@ warn about stale code), read the queue of one host or of all of them, and wait f
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from orchestrator import hosts as hostinv
 from orchestrator.agent import states as S
 from orchestrator.agent.protocol import Job
 from orchestrator.errors import GpurunError
-from orchestrator.queuefile import JobSpec, parse_file, select
+if TYPE_CHECKING:
+    from orchestrator.queuefile import JobSpec
 
 __all__ = ["Job", "SubmitPlan", "SubmitResult", "plan_submit", "submit", "status", "status_all",
            "to_jobs", "wait_for"]
@@ -52,6 +52,7 @@ def plan_submit(file: str, host: Optional[str] = None, *, start: int = 1, slots:
     The file is read first so a bad line is reported even for an unknown host. ``slots``
     is remembered for the host. Raises QueueFileError / BadInput for the file, HostError
     for the host."""
+    from orchestrator.queuefile import parse_file, select  # only submit parses (a cold-CLI cost)
     specs = select(parse_file(file), start)
     entry = hostinv.get_host(host)
     if slots is not None:
@@ -94,6 +95,7 @@ def status_all(max_workers: int = 32) -> list[dict[str, Any]]:
         except GpurunError as exc:
             return {"host": name, "error": exc.message, "jobs": []}
 
+    import concurrent.futures as cf
     with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(names))) as pool:
         results = dict(zip(names, pool.map(one, names)))
     return [results[n] for n in names]

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import procs
-
 ACTIONS = ("record", "notify", "kill", "requeue")
 SEVERITIES = ("info", "warn", "error", "critical")
 JOB_CODES = ("process_gone", "stalled", "data_bound", "no_gpu_memory")
@@ -86,6 +84,7 @@ def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Se
     pid = job.get("pid")
     # one liveness rule with the agent's reconcile (procs.job_liveness): running, not a
     # zombie, and carrying this attempt's marker; a running pid without it was reused.
+    from orchestrator.health import procs  # agent-side only: profiles import this module for its codes
     live = procs.job_liveness(int(pid) if pid else None, str(job["id"]), job.get("attempt") or None, proc)
     alive = live == procs.ALIVE
     tree = procs.descendants([int(pid)], kids) if alive else set()

@@ -10,7 +10,6 @@ import json
 import os
 from typing import Optional, Tuple
 
-from orchestrator.quality.series import SYNONYMS
 
 DEFAULTS = {"action": "alert", "reviewer_timeout_s": 60}
 # The periodic check's adaptive cadence on the agent: 10 -> 20 -> 30 -> 60 min while healthy,
@@ -30,6 +29,13 @@ def check_intervals(config: Optional[dict]) -> Tuple[float, ...]:
     return out if out and all(x > 0 for x in out) else INTERVALS_S
 
 
+def _canonical(name: str) -> str:
+    """A metric's canonical name; series (the readers' room) loads only when a name is given,
+    since profiles import this module for the cadence default on every CLI start."""
+    from orchestrator.quality.series import SYNONYMS
+    return SYNONYMS.get(name.lower(), name)
+
+
 def parse_primary(text: Optional[str]) -> Optional[Tuple[str, str]]:
     """``"eval_wer:min"`` -> ("eval_wer", "min")."""
     if not text:
@@ -37,7 +43,7 @@ def parse_primary(text: Optional[str]) -> Optional[Tuple[str, str]]:
     name, sep, mode = text.rpartition(":")
     if not sep or not name or mode not in ("min", "max"):
         raise ValueError("--primary %r: expected METRIC:min or METRIC:max (e.g. eval_wer:min)" % text)
-    return SYNONYMS.get(name.lower(), name), mode
+    return _canonical(name), mode
 
 
 def normalize_baseline(obj) -> dict:
@@ -46,7 +52,7 @@ def normalize_baseline(obj) -> dict:
         raise ValueError("baseline must be a JSON object {metric: value} or {metric: {step: value}}")
     out: dict = {}
     for k, v in obj.items():
-        name = SYNONYMS.get(str(k).lower(), str(k))
+        name = _canonical(str(k))
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[name] = float(v)
         elif isinstance(v, dict):

@@ -79,9 +79,9 @@ def status(host: Optional[str] = None) -> tuple[str, list[Job]]:
     """``(host name, jobs)`` of one host (default: local, or $GPURUN_HOST)."""
     from orchestrator.core.session import open_session
 
-    name = hostinv.get_host(host)["name"]
-    with open_session(name) as s:
-        return name, s.status()["jobs"]
+    entry = hostinv.get_host(host)
+    with open_session(host=entry) as s:
+        return entry["name"], s.status()["jobs"]
 
 
 def status_all(max_workers: int = 32) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from orchestrator.agent.context import AgentContext
 from orchestrator.agent.gpus import gpu_report
 
 SNAPSHOT_EVENTS = 20
+SNAPSHOT_FINISHED = 5  # finished jobs in a snapshot unless the request asks for more
 
 
 def _public_gpu(rep: Dict[str, Any]) -> Dict[str, Any]:
@@ -57,11 +58,14 @@ def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[
     started = job.get("started_at")
     end = job.get("ended_at") or now
     p = progress.get(str(job["id"])) or {}
-    if job["state"] == S.RUNNING and p.get("step") is None:
-        # the watchdog has not ticked since this job started: read its progress now (a tail read)
+    if job["state"] == S.RUNNING:
+        # read progress now (a cheap tail read): the watchdog's cached value is up to a tick
+        # (60 s) old, so `watch` showed step 125 of a job whose metrics had reached 388.
+        # The cache stands in only for what the tail read cannot see.
         from orchestrator.quality.progress import metrics_path, read_progress
         step, loss = read_progress(metrics_path(job), job.get("log"))
-        p = {"step": step, "loss": loss}
+        p = {"step": step if step is not None else p.get("step"),
+             "loss": loss if loss is not None else p.get("loss")}
     return {"id": job["id"], "name": job.get("name"), "state": job["state"], "gpu_ids": job.get("gpu_ids") or [],
             "pid": job.get("pid"), "attempt": job.get("attempt"),
             "runtime_s": round(end - started, 1) if started else None,
@@ -69,20 +73,25 @@ def _job_row(job: Dict[str, Any], progress: Dict[str, Any], now: float) -> Dict[
 
 
 def v_snapshot(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
-    """``{host, time, gpu: <gpu reply>, jobs: [..], findings: [..], events: [..], system: {..}}``:
-    jobs are the active ones plus the last few finished; findings are the watchdog's last tick."""
+    """``{host, time, gpu: <gpu reply>, jobs: [..], finished_total, findings: [..], events: [..],
+    system: {..}}``: jobs are every active one plus the ``finished`` (default 5) latest finished,
+    ``finished_total`` counts all finished; step and loss of running jobs and ``system.load``
+    (CPU / RAM) are read now; findings, disks and cgroup are the watchdog's last tick."""
     now = time.time()
     from orchestrator.agent.watchdog_hook import FINDINGS_KEY  # the tick's rooms load only for `watch`
+    from orchestrator.health.system import host_load
     last = ctx.store.kv_get(FINDINGS_KEY, {}) or {}
     jobs = ctx.store.jobs([S.RUNNING, S.QUEUED])
-    done = sorted(ctx.store.jobs(S.TERMINAL),
-                  key=lambda j: j.get("ended_at") or 0)[-int(req.get("finished", 5)):]
+    finished = sorted(ctx.store.jobs(S.TERMINAL), key=lambda j: j.get("ended_at") or 0)
+    keep = max(0, int(req.get("finished", SNAPSHOT_FINISHED)))
+    done = finished[max(0, len(finished) - keep):]
     events: List[Dict[str, Any]] = ctx.store.events(0, None, SNAPSHOT_EVENTS, newest=True)
     return {
         "host": ctx.config.get("host") or ctx.config.get("name") or socket.gethostname(), "time": now,
         "gpu": _public_gpu(gpu_report(ctx.config)),
         "jobs": [_job_row(j, last.get("jobs") or {}, now) for j in jobs + done],
+        "finished_total": len(finished),
         "findings": last.get("findings") or [], "findings_at": last.get("at"),
-        "system": last.get("host") or {},
+        "system": dict(last.get("host") or {}, load=host_load()),
         "events": [{k: e.get(k) for k in ("id", "ts", "job_id", "kind", "severity", "message")} for e in events],
     }

@@ -1,12 +1,19 @@
 """``gpurun watch``: a live view of hosts -> GPUs -> jobs and the watchdog's findings.
 
 Hosts are polled in parallel (one thread each, sessions kept open between polls); a host
-that fails shows its error and the others keep updating. ``--once --json`` is for scripts.
+that fails shows its error and the others keep updating. ``--once --json`` is for scripts:
+strict JSON (a NaN or infinite loss is ``null``).
+
+Step and loss of running jobs and the host's CPU / RAM line are read by the agent at each
+poll; every active job is shown, finished ones up to ``--finished`` (with a count of the rest).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
+import math
+import sys
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -14,18 +21,19 @@ from typing import Any
 import click
 
 from orchestrator.cli.gpu import STATUS_STYLE as HEALTH_STYLE
-from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, iso
+from orchestrator.cli.render import STATE_STYLE, console, human_duration, iso
 from orchestrator.errors import GpurunError
 
 SEV_STYLE = {"info": "dim", "warn": "yellow", "error": "red", "critical": "bold red"}
 
 
-def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float) -> list[dict]:
+def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float,
+         finished: int | None = None) -> list[dict]:
     """One snapshot per host, in parallel. A failed host becomes ``{ok: false, error}``."""
     def one(name: str) -> dict:
         t0 = time.monotonic()
         try:
-            snap = sessions[name].snapshot(timeout=timeout)
+            snap = sessions[name].snapshot(timeout=timeout, finished=finished)
             return {"host": name, "ok": True, "error": None, "elapsed_s": round(time.monotonic() - t0, 3), **snap}
         except GpurunError as exc:
             return {"host": name, "ok": False, "error": str(exc), "elapsed_s": round(time.monotonic() - t0, 3)}
@@ -74,6 +82,47 @@ def json_host(h: dict) -> dict:
     }
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None: a diverged loss is NaN, and
+    a bare ``NaN`` is not JSON (strict parsers such as ``jq`` reject the whole document)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def emit_strict_json(obj: Any) -> None:
+    """One JSON document on stdout; ``allow_nan=False`` so a non-finite number that slipped
+    past ``finite`` fails here rather than in the user's parser."""
+    sys.stdout.write(json.dumps(finite(obj), indent=2, default=str, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2 ** 30:.1f}"
+
+
+def system_line(system: dict) -> str | None:
+    """``cpu 23% of 16  load 1.20 0.90 0.80  mem 12.3/64.0G (19%, container)``, or None when
+    the agent reported nothing (an older tick without ``load``)."""
+    ld = system.get("load") or {}
+    if not ld:
+        return None
+    bits = []
+    if ld.get("cpu_pct") is not None:
+        bits.append(f"cpu {ld['cpu_pct']:.0f}%" + (f" of {ld['cpus']}" if ld.get("cpus") else ""))
+    if ld.get("load"):
+        bits.append("load " + " ".join(f"{x:.2f}" for x in ld["load"]))
+    if ld.get("mem_total_bytes"):
+        scope = ", container" if ld.get("mem_scope") == "cgroup" else ""
+        bits.append(f"mem {_gib(ld.get('mem_used_bytes'))}/{_gib(ld['mem_total_bytes'])}G"
+                    f" ({ld.get('mem_pct') or 0:.0f}%{scope})")
+    return "  " + "  ".join(bits) if bits else None
+
+
 def _job_findings(findings: list[dict]) -> dict[str, str]:
     out: dict[str, str] = {}
     for f in findings:
@@ -102,6 +151,9 @@ def render(hosts: list[dict]) -> Any:
         if not g["available"]:
             head += f"  (no NVIDIA GPU here: {g['no_driver']})"
         parts.append(Text.from_markup(head + money + f"  [dim]{h['elapsed_s']:.2f}s[/]"))
+        sysl = system_line(h.get("system") or {})
+        if sysl:
+            parts.append(Text(sysl))
         if g["gpus"]:
             t = Table(box=None, padding=(0, 1), show_edge=False)
             for col in ("GPU", "util", "memory", "temp", "power", "health"):
@@ -129,6 +181,11 @@ def render(hosts: list[dict]) -> Any:
             parts.append(t)
         else:
             parts.append(Text("  no jobs", style="dim"))
+        shown = sum(1 for j in h["jobs"] if j["state"] not in ("queued", "running"))
+        hidden = int(h.get("finished_total") or 0) - shown
+        if hidden > 0:
+            parts.append(Text(f"  and {hidden} more finished (--finished N shows more; "
+                              f"gpurun queue status lists all)", style="dim"))
         for f in [f for f in h["findings"] if not f.get("job_id")][:5]:
             parts.append(Text.from_markup(f"  [{SEV_STYLE.get(f['severity'], '')}]{f['severity']}[/] {f['message']}"))
         parts.append(Text(""))
@@ -145,9 +202,12 @@ def render(hosts: list[dict]) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one document per poll).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds to wait for one host's reply.")
-def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, timeout: float) -> None:
-    """Live view of hosts, GPUs (util, memory, temperature, power, health) and jobs
-    (state, runtime, last step and loss, watchdog findings)."""
+@click.option("--finished", type=click.IntRange(min=0), default=5, show_default=True, metavar="N",
+              help="Finished jobs to show per host, latest first (every active job is always shown).")
+def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, timeout: float,
+          finished: int) -> None:
+    """Live view of hosts (CPU, load, memory), GPUs (util, memory, temperature, power, health)
+    and jobs (state, runtime, current step and loss, watchdog findings)."""
     from orchestrator.core import agentship
     from orchestrator.core.hosts import watch_targets
     from orchestrator.core.session import open_session
@@ -158,9 +218,9 @@ def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, ti
         sessions = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
         if once or as_json:
             while True:
-                snaps = poll(sessions, pool, timeout)
+                snaps = poll(sessions, pool, timeout, finished)
                 if as_json:
-                    emit_json({"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]})
+                    emit_strict_json({"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]})
                 else:
                     console().print(render(snaps))
                 if once:
@@ -170,9 +230,10 @@ def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, ti
 
         out = console()
         try:
-            with Live(render(poll(sessions, pool, timeout)), console=out, auto_refresh=False, screen=False) as live:
+            with Live(render(poll(sessions, pool, timeout, finished)), console=out, auto_refresh=False,
+                      screen=False) as live:
                 while True:
                     time.sleep(interval)
-                    live.update(render(poll(sessions, pool, timeout)), refresh=True)
+                    live.update(render(poll(sessions, pool, timeout, finished)), refresh=True)
         except KeyboardInterrupt:
             out.print("\nleft the watch; jobs keep running on their hosts")

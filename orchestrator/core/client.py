@@ -87,8 +87,9 @@ class AgentClient:
     def reap(self, req: P.ReapRequest, *, timeout: float = 120) -> P.ReapReply:
         return cast(P.ReapReply, self._call(P.REAP, req, timeout=timeout))
 
-    def snapshot(self, *, timeout: float = 120) -> P.SnapshotReply:
-        return cast(P.SnapshotReply, self._call(P.SNAPSHOT, {}, timeout=timeout))
+    def snapshot(self, *, timeout: float = 120, finished: Optional[int] = None) -> P.SnapshotReply:
+        req: P.SnapshotRequest = {} if finished is None else {"finished": finished}
+        return cast(P.SnapshotReply, self._call(P.SNAPSHOT, req, timeout=timeout))
 
     def check(self, req: P.CheckRequest) -> P.CheckReply:
         return cast(P.CheckReply, self._call(P.CHECK, req))

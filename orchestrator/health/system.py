@@ -1,14 +1,16 @@
 """Host facts the watchdog trusts inside containers: cgroup v1/v2 memory and ``oom_kill``,
-disk and inode use per storage path, boot id and boot time.
+disk and inode use per storage path, boot id and boot time; and ``host_load``, the CPU / RAM
+line of ``gpurun watch``.
 
-Host-wide ``free``/``uptime`` describe the whole machine, not our container, so nothing here
-uses them. Root paths are parameters so tests can point them at a fake tree. The process
+Host-wide ``free``/``uptime`` describe the whole machine, not our container, so the watchdog's
+facts never use them (``host_load`` prefers the cgroup's memory and says which it used). Root paths are parameters so tests can point them at a fake tree. The process
 table (stat, environ, children, the job marker) lives in ``procs``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from .procs import children_map  # noqa: F401  (agent/watchdog_hook reads it from here)
@@ -146,3 +148,69 @@ def boot_time(proc: str = "/proc") -> Optional[float]:
         if line.startswith("btime "):
             return float(line.split()[1])
     return None
+
+
+def _cpu_times(proc: str) -> Optional[List[int]]:
+    """``(busy, total)`` jiffies of the aggregate ``cpu`` line of /proc/stat."""
+    for line in (_read(os.path.join(proc, "stat")) or "").splitlines():
+        if line.startswith("cpu "):
+            vals = [int(x) for x in line.split()[1:] if x.isdigit()]
+            if len(vals) < 4:
+                return None
+            # idle + iowait are the time no task ran; guest time is already inside user/nice
+            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+            total = sum(vals[:8])
+            return [total - idle, total]
+    return None
+
+
+def _meminfo(proc: str) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for line in (_read(os.path.join(proc, "meminfo")) or "").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out[parts[0].rstrip(":")] = int(parts[1]) * 1024  # /proc/meminfo counts kB
+    return out
+
+
+def host_load(proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgroup", sample_s: float = 0.2,
+              sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
+    """The CPU / RAM line of ``gpurun watch``, read now:
+    ``{load: [1, 5, 15 min] | None, cpus, cpu_pct, mem_used_bytes, mem_total_bytes, mem_pct, mem_scope}``.
+
+    CPU % is the busy share of all CPUs over ``sample_s`` (two /proc/stat reads: one verb is
+    one process, so there is no earlier sample to compare with). Load average is the kernel's,
+    which inside a container is the whole machine's. Memory is the container's cgroup use and
+    limit when it has a limit (what the OOM killer judges, ``mem_scope: "cgroup"``), else the
+    machine's total less ``MemAvailable`` (``mem_scope: "host"``). Unknown values are None.
+    """
+    load: Optional[List[float]] = None
+    fields = (_read(os.path.join(proc, "loadavg")) or "").split()
+    try:
+        load = [float(x) for x in fields[:3]] if len(fields) >= 3 else None
+    except ValueError:
+        load = None
+    try:
+        cpus = len(os.sched_getaffinity(0))  # the CPUs we may run on, not the machine's count
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    cpu_pct: Optional[float] = None
+    first = _cpu_times(proc)
+    if first is not None and sample_s > 0:
+        sleep(sample_s)
+        second = _cpu_times(proc)
+        if second is not None and second[1] > first[1]:
+            cpu_pct = round(100.0 * (second[0] - first[0]) / (second[1] - first[1]), 1)
+    out: Dict[str, Any] = {"load": load, "cpus": cpus or None, "cpu_pct": cpu_pct, "mem_used_bytes": None,
+                           "mem_total_bytes": None, "mem_pct": None, "mem_scope": None}
+    cg = cgroup_memory(sys_cgroup, proc)
+    if cg["limit_bytes"] and cg["usage_bytes"] is not None:
+        out.update(mem_used_bytes=cg["usage_bytes"], mem_total_bytes=cg["limit_bytes"], mem_scope="cgroup")
+    else:
+        mi = _meminfo(proc)
+        total, avail = mi.get("MemTotal"), mi.get("MemAvailable", mi.get("MemFree"))
+        if total and avail is not None:
+            out.update(mem_used_bytes=total - avail, mem_total_bytes=total, mem_scope="host")
+    if out["mem_total_bytes"]:
+        out["mem_pct"] = round(100.0 * out["mem_used_bytes"] / out["mem_total_bytes"], 1)
+    return out

@@ -49,6 +49,12 @@ def user_profiles_dir() -> Path:
     return config_home() / "profiles"
 
 
+def artifacts_home() -> Path:
+    """Where ``gpurun pull`` puts artifacts when neither ``--dest`` nor ``pull.dest`` says:
+    one place whatever the current directory, so ``down`` and ``recover`` find them."""
+    return data_home() / "artifacts"
+
+
 def local_state_dir(host: str = "local") -> Path:
     """The agent state dir for a host whose agent runs on this machine."""
     return data_home() / "hosts" / host / "agent"

@@ -2,11 +2,16 @@
 verified, optionally push them to S3, and with ``loop`` keep going until the queue is done.
 
 Defaults come from ``config.yaml`` (``pull: {dest, keep_latest, best: {metric, mode},
-interval_s}`` and ``s3: {...}``); flags win. The default destination is ``./gpurun-artifacts``.
+interval_s}`` and ``s3: {...}``); flags win. The default destination is
+``paths.artifacts_home()`` (under gpurun's data dir), never the current directory. Where each
+host's pull went is recorded (``data_home()/hosts/<name>/pull.json``) so ``down`` and
+``recover`` check that tree from any directory (:func:`artifacts_dest`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -16,10 +21,9 @@ from orchestrator import paths
 from orchestrator.errors import ConfigError, GpurunError, TransportError
 from orchestrator.sync.engine import JobPull, ProgressSink, clean_staging, pull_job
 from orchestrator.sync.keep import KeepPolicy
-from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name
+from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name, job_root, write_json_atomic
 from orchestrator.sync.transfer import LocalFetcher, RsyncFetcher, SftpFetcher, ssh_argv_for
 
-DEFAULT_DEST = "gpurun-artifacts"
 PULL_KEYS = ("dest", "keep_latest", "best", "interval_s", "method", "settle_s")
 
 
@@ -67,6 +71,63 @@ def pull_config() -> tuple[dict, Optional[dict]]:
 
         s3 = validate_config(s3, src)
     return pull, s3
+
+
+def _dest_record(host: str) -> Path:
+    return paths.data_home() / "hosts" / job_dir_name(host) / "pull.json"
+
+
+def recorded_dests(host: str) -> list[str]:
+    """Every destination a pull of ``host`` used, the latest first (empty when never pulled)."""
+    try:
+        data = json.loads(_dest_record(host).read_text(encoding="utf-8"))
+        return [str(d) for d in data.get("dests") or [] if isinstance(d, str)]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def record_dest(host: str, dest: Path) -> None:
+    """Note where this pull of ``host`` went. Never raises: losing the note costs only a
+    ``--dest`` on ``down``, never a file."""
+    try:
+        dests = [str(dest)] + [d for d in recorded_dests(host) if d != str(dest)]
+        write_json_atomic(_dest_record(host), {"host": host, "dest": str(dest), "dests": dests[:20],
+                                               "at": time.time()})
+    except OSError:
+        pass
+
+
+def default_dest(dest: Optional[str] = None, cfg: Optional[dict] = None) -> Path:
+    """Where a pull goes: ``dest``, else ``pull.dest``, else ``paths.artifacts_home()``."""
+    if dest is None and cfg is None:
+        cfg = pull_config()[0]
+    chosen = dest or (cfg or {}).get("dest")
+    return Path(chosen).expanduser().resolve() if chosen else paths.artifacts_home()
+
+
+def artifacts_dest(host: str, dest: Optional[str] = None) -> Path:
+    """Where ``host``'s artifacts are at home, from any current directory: ``dest`` when
+    given, else where the last pull of this host put them, else where a pull would."""
+    if dest:
+        return Path(dest).expanduser().resolve()
+    known = recorded_dests(host)
+    return Path(known[0]) if known else default_dest()
+
+
+def known_dests() -> list[Path]:
+    """Every destination any host's pulls used, plus the default ones (for ``recover``,
+    which looks for a job's checkpoints wherever it was pulled)."""
+    out: list[Path] = []
+    hosts_dir = paths.data_home() / "hosts"
+    names = sorted(os.listdir(hosts_dir)) if hosts_dir.is_dir() else []
+    try:
+        cands = [Path(d) for n in names for d in recorded_dests(n)] + [default_dest()]
+    except ConfigError:
+        cands = [Path(d) for n in names for d in recorded_dests(n)] + [paths.artifacts_home()]
+    for c in cands:
+        if c not in out:
+            out.append(c)
+    return out
 
 
 def choose_fetcher(session: Any, method: str = "auto") -> Any:
@@ -125,8 +186,10 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
     man = _manifest(session, jobs, settle_s)
     results: list[dict] = []
     done = True
+    if man.get("jobs"):
+        record_dest(host, dest)
     for job in man.get("jobs", []):
-        root = dest / job_dir_name(host) / job_dir_name(job["id"])
+        root = job_root(dest / job_dir_name(host), job["id"], job.get("name"))
         res: JobPull = pull_job(job, root, fetcher, policy, host=host, progress=progress, rehash=rehash)
         clean_staging(root)
         row = res.as_dict()
@@ -154,7 +217,7 @@ def pull(host_name: Optional[str] = None, *, jobs: Optional[list[str]] = None,
     from orchestrator.core.session import open_session
 
     cfg, s3cfg = pull_config()
-    out = Path(dest or cfg.get("dest") or DEFAULT_DEST).expanduser().resolve()
+    out = default_dest(dest, cfg)
     policy = KeepPolicy.from_config(cfg)
     interval = float(interval if interval is not None else cfg.get("interval_s", 60))
     settle_s = float(cfg.get("settle_s", 2.0))

@@ -195,8 +195,8 @@ def _replace(entry, prov, det, jobs, submit, up_kwargs, probe, dest, progress, p
 
 def _dest(dest: str | Path | None) -> Path:
     if dest is None:
-        from orchestrator.core.pull import DEFAULT_DEST, pull_config
-        dest = pull_config()[0].get("dest") or DEFAULT_DEST
+        from orchestrator.core.pull import default_dest
+        return default_dest()  # relocate also looks wherever each host's pulls went
     return Path(dest).expanduser().resolve()
 
 

@@ -19,7 +19,7 @@ from orchestrator.agent.states import TERMINAL
 from orchestrator.core.snapshot import SPEC_KEYS
 from orchestrator.errors import VerificationError
 from orchestrator.sync.keep import unit_step
-from orchestrator.sync.state import RECORD, JobRecord, job_dir_name
+from orchestrator.sync.state import RECORD, JobRecord, find_job_root
 
 MOVABLE = (S.QUEUED, S.RUNNING)   # a running job on a lost box is interrupted: run it again
 # agent bookkeeping in a run dir: the new box writes its own
@@ -56,12 +56,21 @@ def _verified(rec: JobRecord, rel: str) -> Path | None:
 
 
 def _job_roots(dest: Path, job_id: str) -> list[Path]:
-    """Every pulled copy of a job under ``dest`` (one per host it ran on; a job moved twice
-    was pulled from each box)."""
-    if not dest.is_dir():
-        return []
-    name = job_dir_name(job_id)
-    return [d / name for d in sorted(dest.iterdir()) if (d / name / RECORD).is_file()]
+    """Every pulled copy of a job (one per host it ran on; a job moved twice was pulled from
+    each box) under ``dest`` and under every destination a pull recorded (``core.pull``), so
+    a ``recover`` run from another directory still finds them. Folders are found by
+    ``sync.state.find_job_root``: named ``<name>-<short id>`` or, from older pulls, by id."""
+    from orchestrator.core.pull import known_dests
+
+    out: list[Path] = []
+    for base in [dest] + [d for d in known_dests() if d != dest]:
+        if not base.is_dir():
+            continue
+        for d in sorted(base.iterdir()):
+            root = find_job_root(d, job_id) if d.is_dir() else None
+            if root is not None and (root / RECORD).is_file() and root not in out:
+                out.append(root)
+    return out
 
 
 def latest_checkpoint(dest: Path, job_id: str) -> dict | None:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from orchestrator import paths
 from orchestrator.errors import GateRefused
 from orchestrator.sync.keep import KeepPolicy
-from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name, manifest_digest
+from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name, job_root, manifest_digest
 from orchestrator.sync.transfer import prefix_hasher
 
 
@@ -38,17 +38,20 @@ class Target:
 
 
 def target(host: str, dest: Optional[str] = None) -> Target:
-    """Resolve ``down``'s target (no network). ``dest`` defaults to ``pull.dest``.
-    Raises HostError for an unknown host, ProfileError for a bad profile."""
-    from orchestrator.core.pull import DEFAULT_DEST, pull_config
+    """Resolve ``down``'s target (no network). ``dest`` defaults to where the last pull of
+    this host went (recorded at pull time), else where a pull would go: never a path
+    relative to the current directory. Raises HostError for an unknown host, ProfileError for
+    a bad profile."""
+    from orchestrator.core.pull import artifacts_dest, pull_config
     from orchestrator.hosts import get_host
     from orchestrator.profiles import load_profile
 
     entry = get_host(host)
     verb = describe_verb(load_profile(entry.get("profile") or "local"))
+    if verb["manual"] and (entry.get("instance") or entry.get("instance_id")):
+        verb["manual"] = False  # rented through gpurun: the provider API stops it
     cfg, _ = pull_config()
-    out = Path(dest or cfg.get("dest") or DEFAULT_DEST).expanduser().resolve()
-    return Target(entry, verb, out, KeepPolicy.from_config(cfg))
+    return Target(entry, verb, artifacts_dest(host, dest), KeepPolicy.from_config(cfg))
 
 
 @dataclass
@@ -104,7 +107,7 @@ def assess(session: Any, dest: Path, policy: Optional[KeepPolicy] = None) -> Ass
     man = session.manifest(None, 2.0)
     out = Assessment(host=host, dest=str(dest))
     for job in man.get("jobs", []):
-        root = dest / job_dir_name(host) / job_dir_name(job["id"])
+        root = job_root(dest / job_dir_name(host), job["id"], job.get("name"))
         rec = JobRecord(root)
         label = f"{job.get('name') or job['id']} ({job['id']})"
         row = {"id": job["id"], "name": job.get("name"), "state": job.get("state"), "dir": str(root),
@@ -153,10 +156,20 @@ def describe_verb(profile: Any) -> dict[str, Any]:
             "deletes": deleted, "keeps": kept,
             "still_bills": list((d.get("billing") or {}).get("when_stopped") or []),
             "command": how.get("command"), "api": how.get("api"), "console": how.get("console"),
-            "no_meter": ms["name"] in ("none", "n/a")}
+            "no_meter": ms["name"] in ("none", "n/a"),
+            # a meter only its owner can stop (generic-ssh): gpurun verifies, then says so
+            "manual": ms["name"] not in ("none", "n/a") and not how.get("command") and not how.get("api")}
 
 
 def plain_lines(verb: dict) -> list[str]:
+    if verb.get("manual"):
+        # nothing gpurun runs can stop this box: no verb to warn about, only what to do
+        lines = [f"gpurun cannot stop this box (profile {verb['profile']} has no stop command or API): "
+                 f"stop or release it yourself ({verb['console'] or 'the way its owner does'})."]
+        if verb["deletes"]:
+            lines.append("  Deleting it deletes: " + ", ".join(verb["deletes"]))
+        lines.append("  Still bills until you do: " + (", ".join(verb["still_bills"]) or "nothing known"))
+        return lines
     rev = "IRREVERSIBLE" if verb["irreversible"] else "reversible"
     lines = [f"Meter-stop verb for profile {verb['profile']}: {verb['verb']} ({rev})."]
     if verb["description"]:
@@ -182,6 +195,9 @@ def execute(session: Any, verb: dict, offline: bool = False,
     if host.get("instance") or host.get("instance_id"):
         from orchestrator.core import rent
         return {"how": "api", "detail": rent.stop_or_terminate(host["name"], yes=True)}
+    if verb.get("manual"):
+        return {"how": "manual", "detail": "gpurun stopped nothing: it cannot stop this box. Stop or release "
+                "it yourself (" + (verb["console"] or "the way its owner does") + "); until then it may bill"}
     if offline:
         return {"how": "manual", "detail": "the box cannot be reached, so its in-instance command cannot "
                 "run; " + (verb["console"] or verb["api"] or "stop it the way its owner does")}
@@ -239,9 +255,16 @@ def decide(a: Assessment, verb: dict, *, yes: bool = False, without_artifacts: b
         return Decision(REFUSE, record_as="dry_run" if dry_run else "refused", error=refusal(a),
                         blocking=(a.blockers + a.missing)[:10])
     if dry_run:
+        if verb.get("manual"):
+            return Decision(DRY_RUN, message="dry run: the gate passes; gpurun cannot stop this box, so "
+                                             "`down` would only report; nothing was changed.")
         more = " once you type the host name (the box is unreachable)" if a.offline or a.missing else ""
         return Decision(DRY_RUN, message=f"dry run: the gate would let `{verb['verb']}` proceed{more}; "
                                          "nothing was changed.")
+    if verb.get("manual"):
+        # nothing will be stopped, so there is nothing to confirm: report and say what to do
+        return Decision(PROCEED, warnings=[f"{len(a.missing)} artifact(s) are NOT safe at home, "
+                                           f"e.g. {a.missing[0]}"] if a.missing else [])
     if a.missing or a.offline:
         warnings = []
         if a.missing:

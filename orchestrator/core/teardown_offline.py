@@ -13,7 +13,7 @@ from orchestrator.agent.states import QUEUED, TERMINAL
 from orchestrator.core import snapshot
 from orchestrator.core.teardown import Assessment, Target, assess, file_home, when
 from orchestrator.errors import GpurunError, HostKeyError, TransportError, VerificationError
-from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name
+from orchestrator.sync.state import VERIFIED, JobRecord, job_dir_name, job_root
 
 # provider states in which nothing on the box can still be running
 DOWN_STATES = ("preempted", "stopped", "terminated")
@@ -85,7 +85,7 @@ def assess_offline(entry: dict, dest: Path, unreachable: str,
     pulls: list[float] = []
     for job in snapshot.jobs(host, snap):
         jid = str(job["id"])
-        root = dest / job_dir_name(host) / job_dir_name(jid)
+        root = job_root(dest / job_dir_name(host), jid, job.get("name"))
         label = f"{job.get('name') or jid} ({jid})"
         mk = _marker(root, host, jid)
         mk_job = (mk or {}).get("job") or {}

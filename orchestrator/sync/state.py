@@ -1,8 +1,10 @@
 """The local side of a pull: where a job's files land and what is known about them.
 
-``<dest>/<host>/<job id>/`` holds the artifacts under their manifest paths, a staging area
-``.gpurun-partial/`` for transfers in flight, the pull record ``.gpurun-pull.json`` (so an
-interrupted pull resumes) and ``PULL_VERIFIED.json`` once everything checked out.
+``<dest>/<host>/<job name>-<short id>/`` (see :func:`job_root`; pulls made before names were
+used live in ``<dest>/<host>/<job id>/`` and keep being used) holds the artifacts under their
+manifest paths, a staging area ``.gpurun-partial/`` for transfers in flight, the pull record
+``.gpurun-pull.json`` (so an interrupted pull resumes) and ``PULL_VERIFIED.json`` once
+everything checked out.
 """
 
 from __future__ import annotations
@@ -28,10 +30,63 @@ _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9._+=@,-][A-Za-z0-9 ._+=@,()\[\]-]*$")
 _SAFE_DIR = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def job_dir_name(job_id: str) -> str:
-    """A directory name for a job id; anything unusual is replaced, never interpreted."""
-    name = _SAFE_DIR.sub("_", str(job_id)).strip("._") or "job"
-    return name[:120]
+SHORT_ID = 6      # hex digits of the job id after its name: unique among a host's jobs in practice
+NAME_MAX = 60     # characters of the name kept in a folder name (whole names can be a command line)
+
+
+def job_dir_name(job_id: str, name: str | None = None) -> str:
+    """A folder name: ``<name>-<short id>`` when a job name is given (what users look for,
+    e.g. ``toy-lr3-1a2b3c``), else the id alone (host folders, and pulls made before names
+    were used). Anything unusual is replaced, never interpreted."""
+    ident = _SAFE_DIR.sub("_", str(job_id)).strip("._") or "job"
+    ident = ident[:120]
+    slug = re.sub(r"-{2,}", "-", _SAFE_DIR.sub("-", str(name or ""))).strip("._-")[:NAME_MAX].rstrip("._-")
+    if not slug or slug == ident or slug.endswith(ident[:SHORT_ID]):
+        return ident
+    return f"{slug}-{ident[:SHORT_ID]}"
+
+
+def _owner(root: Path) -> str | None:
+    """The job id recorded in a job folder's pull record (None when there is none)."""
+    try:
+        data = json.loads((root / RECORD).read_text(encoding="utf-8"))
+        return str((data.get("job") or {}).get("id") or "") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def find_job_root(host_dir: Path, job_id: str) -> Path | None:
+    """The folder already holding a pull of ``job_id`` under ``host_dir``, by name or by id
+    (the pull record says whose it is), or None. Reads no file when the id folder exists."""
+    legacy = host_dir / job_dir_name(job_id)
+    if legacy.is_dir():
+        return legacy
+    try:
+        names = sorted(os.listdir(host_dir))
+    except OSError:
+        return None
+    ident = job_dir_name(job_id)
+    tails = ("-" + ident[:SHORT_ID], "-" + ident)
+    for n in names:
+        if n.endswith(tails) and _owner(host_dir / n) == str(job_id):
+            return host_dir / n
+    return None
+
+
+def job_root(host_dir: Path, job_id: str, name: str | None) -> Path:
+    """Where ``job_id``'s files live under ``host_dir`` (the one rule for pull, ``down`` and
+    ``recover``): the folder that already holds its pulls (an id-named one from before names
+    were used is kept as it is: moving a tree a shell or a file manager may have open is a
+    risk for no gain), else ``<name>-<short id>``; when that name belongs to another job (a
+    short-id clash) the full id is used. Creates nothing."""
+    found = find_job_root(host_dir, job_id)
+    if found is not None:
+        return found
+    named = host_dir / job_dir_name(job_id, name)
+    if named.is_dir() and _owner(named) not in (None, str(job_id)):
+        ident = job_dir_name(job_id)
+        return host_dir / f"{job_dir_name(job_id, name)[:-SHORT_ID]}{ident}"
+    return named
 
 
 def safe_relpath(path: str) -> str:

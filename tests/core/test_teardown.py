@@ -83,7 +83,7 @@ def test_gate_with_s3_home_and_in_instance_command(fakebox, tmp_path: Path, s3_e
     row = json.loads(res.stdout)["jobs"][0]
     assert row["verified"] and {p["path"] for p in row["s3_pushed"]} >= {"run/out.txt"}
     # the local copy is lost, but a read-back-verified copy is in the bucket: still safe
-    (dest / host / job_id / "run" / "out.txt").unlink()
+    (dest / host / f"t-{job_id[:6]}" / "run" / "out.txt").unlink()  # <name>-<short id>
     res = gpurun("down", host, "--dest", str(dest), "--json", input="y\n")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout[res.stdout.index("{"):])
@@ -117,6 +117,9 @@ def test_describe_verb_in_plain_words():
     runpod = describe_verb(load_profile("runpod"))
     assert runpod["verb"] == "stop" and runpod["irreversible"] is False
     assert any("/workspace" in k for k in runpod["keeps"]) and any(d.startswith("container-disk") for d in runpod["deletes"])
-    text = "\n".join(plain_lines(describe_verb(load_profile("generic-ssh"))))
+    text = "\n".join(plain_lines(describe_verb(load_profile("lambda"))))
     assert "IRREVERSIBLE" in text and "Still bills afterwards" in text
+    # a box gpurun cannot stop is not dressed up as an irreversible verb
+    text = "\n".join(plain_lines(describe_verb(load_profile("generic-ssh"))))
+    assert "IRREVERSIBLE" not in text and "gpurun cannot stop this box" in text
     assert describe_verb(load_profile("local"))["no_meter"] is True

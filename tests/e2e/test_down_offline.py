@@ -129,7 +129,7 @@ def test_unreachable_preempted_box_with_verified_pulls_asks_then_stops_once(worl
     log = [json.loads(x) for x in (paths.data_home() / "teardown.jsonl").read_text().splitlines()]
     assert [(e["decision"], e["offline"], e["basis"]) for e in log] == \
         [("aborted", True, "offline"), ("proceeded", True, "offline")]
-    assert log[-1]["last_pull_at"] == a["last_pull_at"] and (dest / "pod" / done / "PULL_VERIFIED.json").exists()
+    assert log[-1]["last_pull_at"] == a["last_pull_at"] and (dest / "pod" / f"done-{done[:6]}" / "PULL_VERIFIED.json").exists()
 
 
 def test_unreachable_box_with_an_unpulled_job_is_refused_without_a_provider_call(world):
@@ -147,7 +147,7 @@ def test_unreachable_box_with_an_unpulled_job_is_refused_without_a_provider_call
     assert any(m.startswith(f"{second}/") for m in doc["assessment"]["missing"])
     assert not any(m.startswith(f"{first}/") for m in doc["assessment"]["missing"])
 
-    blob = dest / "pod" / first / "checkpoints" / "a.bin"
+    blob = dest / "pod" / f"first-{first[:6]}" / "checkpoints" / "a.bin"  # <name>-<short id>
     data = bytearray(blob.read_bytes())
     data[0] ^= 0x01                      # a bit flip at home since the pull: not safe any more
     blob.write_bytes(bytes(data))

@@ -29,7 +29,7 @@ def pull_json(host: str, dest: Path, *extra: str) -> dict:
 def test_pull_while_training_then_gate(training_box, tmp_path: Path):
     host, job_id, work = training_box
     dest = tmp_path / "home-artifacts"
-    jobdir = dest / host["name"] / job_id
+    jobdir = dest / host["name"] / f"train-{job_id[:6]}"  # <name>-<short id>: what users look for
     remote_ckpt = work / "ckpt" / "model-100.safetensors"
 
     summary = pull_json(host["name"], dest)
@@ -116,7 +116,7 @@ def test_pull_killed_repeatedly_always_resumes(training_box, tmp_path: Path):
         if p.is_file():
             remote["run/" + p.relative_to(run_dir).as_posix()] = sha(p)
     dest = tmp_path / "d"
-    jobdir = dest / host["name"] / job_id
+    jobdir = dest / host["name"] / f"train-{job_id[:6]}"
     rng = random.Random(4)
     partial_seen = 0
     staged = jobdir / ".gpurun-partial" / "checkpoints" / "model-100.safetensors"

@@ -62,7 +62,9 @@ def down(host: str, yes: bool, without_artifacts: bool, dry_run: bool, dest: Opt
     bills), runs it where gpurun can, or says what to click. When the box cannot be reached,
     the gate judges from the last verified pulls at home and always asks you to type the host
     name. Every decision is appended to teardown.jsonl in gpurun's data dir. Exit 3 when the
-    gate refuses.
+    gate refuses. Artifacts are checked where the last `gpurun pull` of HOST put them, from
+    any directory (--dest to check elsewhere). For a box gpurun cannot stop (generic-ssh) it
+    reports, asks nothing, and says what you must do.
     """
     from orchestrator.core import teardown as td
     from orchestrator.core.session import open_session
@@ -104,13 +106,15 @@ def down(host: str, yes: bool, without_artifacts: bool, dry_run: bool, dest: Opt
             _show([d.message or ""], as_json)
             finish("dry_run")
             return
+        for w in d.warnings:
+            click.echo(w, err=True)
         if d.step in (td.ASK_TYPED, td.ASK):
-            for w in d.warnings:
-                click.echo(w, err=True)
             if not ask(d.question or "", typed=d.step == td.ASK_TYPED):
                 finish("aborted", d.error)
         action = td.execute(session, verb, offline=a.offline, provider_state=a.provider_state)
-        _show([f"{host}: {action['how']}: {action['detail']}"], as_json)
+        # a box gpurun cannot stop gets the plain sentence, not a "how: manual" label
+        _show([f"{host}: {action['detail']}" if verb["manual"] else f"{host}: {action['how']}: {action['detail']}"],
+              as_json)
         finish("proceeded", action=action)
 
 

@@ -200,10 +200,11 @@ class SnapshotReply(TypedDict):
     host: str
     time: float
     gpu: GpuReply
-    jobs: List[Dict[str, Any]]
+    jobs: List[Dict[str, Any]]  # every active job, then the request's ``finished`` latest finished
+    finished_total: int  # all finished jobs on the host (shown or not)
     findings: List[Dict[str, Any]]
     findings_at: Optional[float]
-    system: Dict[str, Any]
+    system: Dict[str, Any]  # the tick's cgroup/disks/boot_id plus ``load`` (health.system.host_load), read now
     events: List[Dict[str, Any]]
 
 

@@ -18,5 +18,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
+# the test extra also brings the optional features' packages (gpurun[s3], gpurun[plot]) so they are tested
 "$PY" -m pip install -q -e ".[test]"
 exec "$PY" -m pytest -q "$@"

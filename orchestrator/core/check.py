@@ -54,7 +54,7 @@ def check_plot_path(plot: Optional[str]) -> None:
             import matplotlib  # noqa: F401  # type: ignore
         except ImportError:
             raise Unsupported("--plot %s: PNG output needs matplotlib, which is not installed" % plot,
-                              "pip install matplotlib, or write --plot FILE.svg (no extra dependency)")
+                              "pip install 'gpurun[plot]', or write --plot FILE.svg (no extra dependency)")
     d = os.path.dirname(os.path.abspath(plot))
     if not os.path.isdir(d):
         raise BadInput("--plot %s: directory %s does not exist" % (plot, d))

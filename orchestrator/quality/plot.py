@@ -45,7 +45,8 @@ def sparkline(s: Optional[Series], width: int = 60) -> str:
 
 
 def write_plot(path: str, run: Run, verdict: dict) -> str:
-    """Write ``path`` (.svg always works; .png needs matplotlib). Returns the path."""
+    """Write ``path`` (.svg always works; .png needs matplotlib, the ``gpurun[plot]`` extra).
+    Returns the path."""
     if path.lower().endswith(".png"):
         return _png(path, run, verdict)
     if not path.lower().endswith(".svg"):
@@ -115,7 +116,8 @@ def _png(path: str, run: Run, verdict: dict) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore
     except ImportError:
-        raise ImportError("PNG plots need matplotlib (pip install matplotlib); use --plot FILE.svg instead")
+        raise ImportError("PNG plots need matplotlib: pip install 'gpurun[plot]'; "
+                          "or write --plot FILE.svg (no extra dependency)")
     s = run.main_loss()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     if s is not None:

@@ -3,6 +3,9 @@
 Config ``s3: {endpoint_url, bucket, prefix, access_key_env, secret_key_env, region}``: the
 credentials are read from the env vars *named* there, never stored or printed. Uploads are
 multipart with SHA-256 checksums; ``verify`` re-downloads and re-hashes, byte for byte.
+
+boto3 is the ``gpurun[s3]`` extra, imported only here and only when a target is opened:
+without it, ``S3Target`` raises ``Unsupported`` with the install hint (``S3_HINT``).
 """
 
 from __future__ import annotations
@@ -12,10 +15,21 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.errors import ConfigError, CredentialError, OperationalError, VerificationError
+from orchestrator.errors import ConfigError, CredentialError, OperationalError, Unsupported, VerificationError
 
 CHUNK = 8 * 1024 * 1024
 KEYS = ("endpoint_url", "bucket", "prefix", "access_key_env", "secret_key_env", "region")
+S3_HINT = "pip install 'gpurun[s3]'  (boto3: the S3 client; gpurun installs it only with this extra)"
+
+
+def _boto3() -> Any:
+    """boto3, or ``Unsupported`` naming the extra that brings it."""
+    try:
+        import boto3
+        import botocore  # noqa: F401  # boto3's own dependency; a broken install lacks it
+    except ImportError as exc:
+        raise Unsupported(f"`gpurun pull --s3` needs boto3, which is not installed ({exc})", S3_HINT) from None
+    return boto3
 
 
 def validate_config(cfg: Any, source: str = "config.yaml") -> dict:
@@ -45,7 +59,7 @@ class S3Target:
         self.client = client or self._client()
 
     def _client(self) -> Any:
-        import boto3
+        boto3 = _boto3()
         from botocore.config import Config
 
         creds = {}

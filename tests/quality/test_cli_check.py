@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -84,13 +85,34 @@ def test_bad_input_exit_2_one_line(isolated_home, tmp_path, args, needle):
     assert not (tmp_path / "x.gif").exists()
 
 
+def _gpurun_without(module: str, args: list) -> subprocess.CompletedProcess:
+    """The real CLI in a fresh interpreter where ``import <module>`` fails (as when the extra
+    that brings it is not installed)."""
+    code = ("import sys; sys.modules[%r] = None; sys.argv = ['gpurun'] + sys.argv[1:]; "
+            "from orchestrator.cli.main import main; main()" % module)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+
+
 def test_png_without_matplotlib_is_clear(isolated_home, tmp_path):
-    try:
-        import matplotlib  # noqa: F401
-        pytest.skip("matplotlib is installed here")
-    except ImportError:
-        pass
     p = write(make_curve("healthy", 0), "jsonl", str(tmp_path))
-    proc = subprocess.run(["gpurun", "check", p, "--plot", str(tmp_path / "a.png")], capture_output=True, text=True)
-    assert proc.returncode == 2 and "matplotlib" in proc.stderr and ".svg" in proc.stderr
+    proc = _gpurun_without("matplotlib", ["check", p, "--plot", str(tmp_path / "a.png")])
+    assert proc.returncode == 2 and "matplotlib" in proc.stderr and ".svg" in proc.stderr, proc.stderr
+    assert "pip install 'gpurun[plot]'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "a.png").exists()
+    proc = _gpurun_without("matplotlib", ["check", p, "--plot", str(tmp_path / "a.png"), "--json"])
+    err = json.loads(proc.stdout)["error"]
+    assert proc.returncode == 2 and err["code"] == "unsupported" and "gpurun[plot]" in err["hint"]
+    # SVG needs nothing extra, with or without matplotlib
+    proc = _gpurun_without("matplotlib", ["check", p, "--plot", str(tmp_path / "a.svg")])
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "a.svg").read_text().startswith("<svg")
+
+
+def test_png_with_matplotlib(isolated_home, tmp_path):
+    pytest.importorskip("matplotlib")  # the test extra installs gpurun[plot]
+    p = write(make_curve("nan", 0), "jsonl", str(tmp_path))
+    png = tmp_path / "a.png"
+    r = _run([p, "--plot", str(png), "--json"], isolated_home)
+    assert r.exit_code == 11, r.output
+    assert json.loads(r.output)["plot"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -123,8 +123,9 @@ class StatusReply(TypedDict):
 
 class LogsRequest(TypedDict, total=False):
     job: str
-    offset: int  # -1: the last ``tail_bytes``
-    tail_bytes: int
+    offset: int  # -1: the tail (the last ``tail_lines`` lines, else the last ``tail_bytes``)
+    tail_bytes: int  # an older client's tail; the start moves to the next line start
+    tail_lines: int  # whole lines from the end, found reading backwards in chunks (wins over tail_bytes)
     limit: int
 
 

@@ -56,15 +56,75 @@ def v_logs(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     limit = int(req.get("limit", 1 << 20))
     data = b""
     try:
-        size = os.path.getsize(job["log"])
-        if offset < 0:  # tail: start ``tail_bytes`` before the end
-            offset = max(0, size - int(req.get("tail_bytes", 64 * 1024)))
         with open(job["log"], "rb") as f:
+            if offset < 0:  # a tail: whole lines only, never from the middle of one
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                if req.get("tail_lines") is not None:
+                    offset = _tail_lines_start(f, size, max(0, int(req["tail_lines"])))
+                else:
+                    offset = _next_line_start(f, max(0, size - int(req.get("tail_bytes", 64 * 1024))))
+                # a long tail is read whole (up to the window it asked for), not cut at ``limit``
+                limit = max(limit, size - offset)
             f.seek(offset)
             data = f.read(limit)
     except OSError:
         offset = max(offset, 0)
     return {"job": wire_job(job), "data": data.decode("utf-8", "replace"), "offset": offset + len(data)}
+
+
+_CHUNK = 64 * 1024
+# a tail never reads more than this: a log of progress bars redrawn with \r has few newlines
+_MAX_TAIL = 8 << 20
+
+
+def _tail_lines_start(f: Any, size: int, lines: int) -> int:
+    """Offset of the first of the last ``lines`` lines of ``f`` (``size`` bytes), reading
+    backwards in chunks so a 10 GB log costs only the chunks that hold those lines. A last
+    line without its newline yet (a job still writing) counts as a line. Past ``_MAX_TAIL``
+    bytes it gives up at the first line start inside that window (or the window's edge when
+    the window holds no newline at all)."""
+    if lines <= 0 or size == 0:
+        return size
+    end = size
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        end = size - 1  # the final newline ends the last line; it does not start another
+    pos = end
+    seen = 0
+    floor = max(0, size - _MAX_TAIL)
+    while pos > floor:
+        start = max(floor, pos - _CHUNK)
+        f.seek(start)
+        chunk = f.read(pos - start)
+        i = len(chunk)
+        while True:
+            i = chunk.rfind(b"\n", 0, i)
+            if i < 0:
+                break
+            seen += 1
+            if seen == lines:
+                return start + i + 1
+        pos = start
+    if floor == 0:
+        return 0
+    first = _next_line_start(f, floor)
+    return first if first < size else floor
+
+
+def _next_line_start(f: Any, offset: int) -> int:
+    """``offset`` if a line starts there, else the start of the next line (the end of the file
+    if none): a byte tail must not begin in the middle of a line, or of a UTF-8 character."""
+    if offset <= 0:
+        return 0
+    f.seek(offset - 1)
+    while True:
+        chunk = f.read(_CHUNK)
+        if not chunk:
+            return f.tell()
+        i = chunk.find(b"\n")
+        if i >= 0:
+            return f.tell() - len(chunk) + i + 1
 
 
 def v_cancel(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:

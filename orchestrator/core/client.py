@@ -66,8 +66,14 @@ class AgentClient:
         self._remember(req, res, "status")
         return res
 
-    def logs(self, job: str, offset: int = -1, tail_bytes: int = 64 * 1024) -> P.LogsReply:
-        return cast(P.LogsReply, self._call(P.LOGS, {"job": job, "offset": offset, "tail_bytes": tail_bytes}))
+    def logs(self, job: str, offset: int = -1, tail_bytes: int = 64 * 1024, *,
+             tail_lines: Optional[int] = None) -> P.LogsReply:
+        """From ``offset``, or with -1 the tail: the last ``tail_lines`` whole lines when given,
+        else the last ``tail_bytes`` (moved to the next line start)."""
+        req: P.LogsRequest = {"job": job, "offset": offset, "tail_bytes": tail_bytes}
+        if tail_lines is not None:
+            req["tail_lines"] = tail_lines
+        return cast(P.LogsReply, self._call(P.LOGS, req))
 
     def cancel(self, jobs: List[str], all_: bool = False) -> P.CancelReply:
         return cast(P.CancelReply, self._call(P.CANCEL, {"jobs": jobs, "all": all_}))

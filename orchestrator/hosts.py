@@ -50,8 +50,11 @@ def get_host(name: str | None) -> dict:
     name = name or os.environ.get("GPURUN_HOST") or "local"
     hosts = load_hosts()
     if name not in hosts:
+        import difflib
         known = ", ".join(sorted(hosts))
-        raise HostError(f"unknown host {name!r}", f"known hosts: {known}; add one with "
+        close = difflib.get_close_matches(name, sorted(hosts), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise HostError(f"unknown host {name!r}", f"{hint}known hosts: {known}; add one with "
                         f"`gpurun host add {name} --profile generic-ssh --ssh user@host:port`")
     return hosts[name]
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import click
 
+from orchestrator.cli.options import host_option
 from orchestrator.errors import BadInput
 
 SEV_STYLE = {"stop": "bold red", "warn": "yellow", "info": "dim"}
@@ -25,7 +26,7 @@ VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold gr
 @click.option("--baseline", type=click.Path(dir_okay=False), help="Reference run metrics, or JSON {metric: value | {step: value}}.")
 @click.option("--primary", metavar="METRIC:min|max", help="The metric that decides eval regressions, e.g. eval_wer:min.")
 @click.option("--plot", metavar="FILE.svg|png", help="Write a loss plot with the anomaly marked.")
-@click.option("--host", "host", help="Judge a queue job on this host (with --job).")
+@host_option(help="Judge a queue job on this host (with --job).")
 @click.option("--job", "job", help="Queue job name, id or number (with --host).")
 @click.option("--regex", "user_regex", help="Your own line regex with named groups, e.g. '(?P<step>\\d+) (?P<loss>\\S+)'.")
 @click.option("--upto-step", type=float, help="Judge only the history up to this step (the resume gate's view).")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
+from orchestrator.cli.options import host_argument
 from orchestrator.errors import GateRefused
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def _headline(a: Assessment, host: str, out: Path) -> list[str]:
 
 
 @click.command("down")
-@click.argument("host")
+@host_argument()
 @click.option("--yes", "-y", is_flag=True,
               help="Do not ask before stopping the meter (the gate still applies; not enough when the box "
                    "is unreachable).")

@@ -1,9 +1,10 @@
-"""``gpurun host``: the inventory of hosts (``local`` always exists)."""
+"""``gpurun host``: the inventory of hosts (``local`` always exists): add, ls, show, rm."""
 
 from __future__ import annotations
 
 import click
 
+from orchestrator.cli.options import complete_hosts
 from orchestrator.cli.render import console, emit_json
 
 
@@ -30,6 +31,7 @@ def add(name: str, profile: str, ssh_spec: str | None, key: str | None, jump: st
     """Add an SSH host NAME; its host key is recorded on first contact (trust on first use)."""
     from orchestrator.core import hosts as core
 
+    core.check_new_name(name, replace=replace)  # before any contact: a taken name records no key
     entry = core.ssh_entry(name, profile=profile, ssh_spec=ssh_spec, key=key, jump=jump, state_dir=state_dir,
                            workdir=workdir, slots=slots, python=python, insecure_host_key=insecure_host_key)
     out = console(stderr=True)
@@ -52,20 +54,49 @@ def ls(as_json: bool) -> None:
         emit_json({"hosts": hosts})
         return
     from rich.table import Table
-    t = Table(title="hosts", title_justify="left")
+    from orchestrator.core.hosts import describe
+    t = Table(title="hosts", title_justify="left", caption="slots: jobs at a time on a host without GPUs", caption_justify="left")
     for col in ("name", "profile", "target", "state dir", "slots"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("name", "slots"))
     for h in hosts:
-        n = h["name"]
-        ssh = h.get("ssh") or {}
-        target = "this machine" if h.get("kind") == "local" else (
-            ssh.get("alias") or f"{ssh.get('user') or ''}@{ssh.get('hostname')}:{ssh.get('port') or 22}")
-        t.add_row(n, h.get("profile") or "", target, str(h.get("state_dir") or ""), str(h.get("slots") or 1))
+        d = describe(h["name"])
+        t.add_row(d["name"], d["profile"] or "", d["target"], str(d["state_dir"] or ""), str(d["slots"]))
     console().print(t)
 
 
+@host.command("show")
+@click.argument("name", shell_complete=complete_hosts)
+@click.option("--json", "as_json", is_flag=True, help="Print {name, kind, profile, target, ssh, slots, "
+              "state_dir, workdir, python, insecure_host_key, instance}.")
+def show(name: str, as_json: bool) -> None:
+    """Show what gpurun uses to reach host NAME: kind, profile, SSH target, slots, paths.
+
+    Reads the inventory only; nothing is contacted.
+    """
+    from orchestrator.core.hosts import describe
+    d = describe(name)
+    if as_json:
+        emit_json(d)
+        return
+    ssh = d["ssh"] or {}
+    rows = [("name", d["name"]), ("kind", d["kind"]), ("profile", d["profile"]), ("target", d["target"]),
+            ("key", ssh.get("key")), ("jump", ssh.get("proxy_jump")),
+            ("host key", "NOT verified (--insecure-host-key)" if d["insecure_host_key"] else
+             ("recorded on first contact" if d["kind"] != "local" else None)),
+            ("slots", f"{d['slots']} (jobs at a time when the host has no GPU)"),
+            ("state dir", d["state_dir"]), ("workdir", d["workdir"] or ("where you run gpurun"
+                                                                        if d["kind"] == "local" else None)),
+            ("python", d["python"]),
+            ("instance", " ".join(f"{k}={v}" for k, v in (d["instance"] or {}).items()
+                                  if k in ("provider", "id", "gpu", "price_per_hour")) or None)]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        if v is not None:
+            click.echo(f"{k:<{width}}  {v}")
+
+
 @host.command("rm")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_hosts)
 def rm(name: str) -> None:
     """Remove a host from the inventory (nothing on the box is touched)."""
     from orchestrator.core.hosts import remove

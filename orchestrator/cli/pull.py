@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import click
 
+from orchestrator.cli.options import host_option
+
 
 class RichProgress:
     """Per-file bars with throughput on stderr; a file bar disappears when it is done."""
@@ -65,7 +67,7 @@ def _echo_pass(summary: dict) -> None:
 
 
 @click.command("pull")
-@click.option("--host", "-H", "host", default=None, help="Host from the inventory (default: $GPURUN_HOST or local).")
+@host_option(help="Host from the inventory (default: $GPURUN_HOST or local).")
 @click.option("--job", "-j", "jobs", multiple=True, help="Only this job (id, name or number); repeatable.")
 @click.option("--dest", default=None, help="Local destination (default: pull.dest or ./gpurun-artifacts).")
 @click.option("--loop", is_flag=True, help="Repeat until the queue is done and everything is home.")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from orchestrator.cli.options import host_option
+
 
 @click.command()
 @click.argument("directory", default=".", type=click.Path(file_okay=False, path_type=str))
-@click.option("--host", "host", default=None, metavar="NAME",
-              help="Host to push to (default: local, or $GPURUN_HOST).")
+@host_option(help="Host to push to (default: local, or $GPURUN_HOST).")
 @click.option("--to", "remote_dir", default=None, metavar="PATH",
               help="Directory on the host (default: the host's workdir).")
 @click.option("--dry-run", is_flag=True, help="Show what would be sent and where; send nothing.")

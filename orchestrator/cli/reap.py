@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from orchestrator.cli.options import host_option
 from orchestrator.cli.render import console, emit_json, human_duration
 
 
 @click.command()
-@click.option("--host", "host", default=None, metavar="NAME", help="Host to act on (default: local, or $GPURUN_HOST).")
+@host_option()
 @click.option("--kill", is_flag=True, help="End the listed processes (TERM, then KILL after --grace).")
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds between TERM and KILL.")

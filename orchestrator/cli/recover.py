@@ -8,6 +8,8 @@ from typing import Optional
 
 import click
 
+from orchestrator.cli.options import host_argument
+
 
 def _describe(det: dict) -> str:
     why = det["reason"] or "no interruption"
@@ -17,7 +19,7 @@ def _describe(det: dict) -> str:
 
 
 @click.command("recover")
-@click.argument("host")
+@host_argument()
 @click.option("--policy", type=click.Choice(["wait", "restart", "replace"]), default=None,
               help="Override the profile's recovery.on_preempt.")
 @click.option("--yes", "-y", is_flag=True, help="Restart or rent without asking (both cost money).")

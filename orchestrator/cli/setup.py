@@ -14,6 +14,7 @@ import json
 
 import click
 
+from orchestrator.cli.options import host_argument
 from orchestrator.errors import OperationalError
 
 MARK = {"ok": "[green]ok  [/green]", "warn": "[yellow]WARN[/yellow]", "fail": "[red]FAIL[/red]"}
@@ -21,11 +22,11 @@ MARK = {"ok": "[green]ok  [/green]", "warn": "[yellow]WARN[/yellow]", "fail": "[
 
 @click.command()
 @click.argument("provider")
-@click.argument("host")
+@host_argument()
 @click.option("--dry-run", is_flag=True, help="Print every command; run nothing on the host.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def setup(provider: str, host: str, dry_run: bool, as_json: bool) -> None:
-    """Check and prepare HOST (from `gpurun host ls`) for PROVIDER (a profile name)."""
+    """Check and prepare HOST (from `gpurun host ls`; or --host) for PROVIDER (a profile name)."""
     from orchestrator.core.setup import refusal_error, setup_host
 
     report = setup_host(provider, host, dry_run=dry_run)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.gpu import STATUS_STYLE as HEALTH_STYLE
+from orchestrator.cli.options import host_option
 from orchestrator.cli.render import STATE_STYLE, console, human_duration, iso
 from orchestrator.errors import GpurunError
 
@@ -194,7 +195,7 @@ def render(hosts: list[dict]) -> Any:
 
 
 @click.command()
-@click.option("--host", "hosts", multiple=True, metavar="NAME",
+@host_option(name="hosts", multiple=True,
               help="Host to watch; repeat for several (default: every SSH host in the inventory, else local).")
 @click.option("--interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds between polls.")

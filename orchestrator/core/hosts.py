@@ -1,5 +1,6 @@
 """Host inventory use cases: add an SSH host (entry from flags and profile, first contact that
-records its key), list, remove, and resolve the hosts a command acts on.
+records its key), list, show, remove, and resolve the hosts a command acts on; and the job
+names a host is known to have, read at home (for shell completion and event lines).
 
 The inventory file itself (``hosts.json``, the built-in ``local``) is ``orchestrator.hosts``.
 """
@@ -12,7 +13,8 @@ from typing import Optional
 from orchestrator import hosts as inventory
 from orchestrator.errors import HostError
 
-__all__ = ["add", "first_contact", "list_hosts", "remove", "resolve", "ssh_entry", "watch_targets"]
+__all__ = ["add", "check_new_name", "describe", "first_contact", "host_names", "known_jobs", "list_hosts",
+           "remove", "resolve", "ssh_entry", "watch_targets"]
 
 
 def ssh_entry(name: str, *, profile: str = "generic-ssh", ssh_spec: Optional[str] = None,
@@ -54,6 +56,17 @@ def first_contact(entry: dict) -> tuple[str, str]:
     return contact(entry)
 
 
+def check_new_name(name: str, *, replace: bool = False) -> None:
+    """Refuse a name that is taken (unless ``replace``) or malformed, before anything is
+    contacted: ``host add`` must not reach a box and record its key only to say no."""
+    if not inventory.NAME_RE.match(name or ""):
+        raise HostError(f"invalid host name {name!r}", "use letters, digits, '.', '_' or '-' (max 63)")
+    if not replace and name != "local" and name in inventory.load_hosts():
+        raise HostError(f"host {name!r} already exists",
+                        f"see it with `gpurun host show {name}`; replace it with `--replace`, "
+                        f"or remove it first with `gpurun host rm {name}`")
+
+
 def add(entry: dict, *, replace: bool = False) -> dict:
     """Write ``entry`` to the inventory. Raises HostError when the name exists (unless
     ``replace``) or is not a valid host name."""
@@ -64,6 +77,64 @@ def list_hosts() -> list[dict]:
     """Every host of the inventory (``local`` included), in name order."""
     hosts = inventory.load_hosts()
     return [hosts[n] for n in sorted(hosts)]
+
+
+def host_names() -> list[str]:
+    """Every host name of the inventory (``local`` included), sorted; never raises (a torn
+    inventory gives ``["local"]``), so shell completion can call it."""
+    try:
+        return sorted(inventory.load_hosts())
+    except HostError:
+        return ["local"]
+
+
+def describe(name: Optional[str] = None) -> dict:
+    """What gpurun uses to reach host ``name`` (default: $GPURUN_HOST, else ``local``):
+    ``{name, kind, profile, target, ssh, slots, state_dir, workdir, python, insecure_host_key,
+    instance}``, no network. ``target`` is the SSH target in one string (``user@host:port``
+    or the ``~/.ssh/config`` alias), or ``this machine``. Raises HostError if unknown."""
+    h = inventory.get_host(name)
+    ssh = dict(h.get("ssh") or {})
+    if h.get("kind", "local") == "local":
+        target = "this machine"
+    elif ssh.get("alias"):
+        target = f"{ssh['alias']} (~/.ssh/config alias)"
+    else:
+        user = f"{ssh['user']}@" if ssh.get("user") else ""
+        target = f"{user}{ssh.get('hostname')}:{ssh.get('port') or 22}"
+    return {"name": h["name"], "kind": h.get("kind", "local"), "profile": h.get("profile"), "target": target,
+            "ssh": ssh or None, "slots": h.get("slots") or 1, "state_dir": h.get("state_dir"),
+            "workdir": h.get("workdir"), "python": h.get("python"),
+            "insecure_host_key": bool(h.get("insecure_host_key")), "instance": h.get("instance")}
+
+
+def known_jobs(name: Optional[str] = None) -> list[dict]:
+    """``[{id, name, seq}]`` of the jobs host ``name`` is known to have, read at home with no
+    network: the local store read-only for ``local``, the controller-side snapshot
+    (``core/snapshot``) for SSH hosts. Never raises: it feeds completion and labels."""
+    import sqlite3
+
+    from orchestrator.core import snapshot
+
+    try:
+        h = inventory.get_host(name)
+    except HostError:
+        return []
+    if h.get("kind", "local") != "local":
+        return [{"id": j.get("id"), "name": j.get("name"), "seq": j.get("seq")}
+                for j in snapshot.jobs(h["name"]) if j.get("id")]
+    db = os.path.join(os.path.expanduser(h.get("state_dir") or ""), "gpurun.db")
+    if not os.path.exists(db):
+        return []
+    try:  # read-only: completion must never create, migrate or lock the agent's store
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            rows = con.execute("SELECT id, name, seq FROM jobs ORDER BY seq").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []
+    return [{"id": r[0], "name": r[1], "seq": r[2]} for r in rows]
 
 
 def remove(name: str) -> None:

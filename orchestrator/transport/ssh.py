@@ -98,7 +98,7 @@ class SSHTransport:
         raise ConnectError(
             f"cannot reach {self.name} ({self.endpoint.label}): {last}",
             hint="check that the box is running and the port is current (rented boxes "
-                 "change ports on restart); `gpurun host show` lists what gpurun uses")
+                 f"change ports on restart); `gpurun host show {self.name}` lists what gpurun uses")
 
     def _connect_chain(self, deadline: float) -> None:
         sock = None

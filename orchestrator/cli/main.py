@@ -60,11 +60,36 @@ class LazyGroup(click.Group):
             raise
         return getattr(mod, attr)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                            list[str]]:
+        # click suggests from registered commands only; ours load lazily, so suggest here
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing and self.get_command(ctx, name) is None:
+            ctx.fail(f"No such command {name!r}.{_suggestion(name, self.list_commands(ctx))}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(n, LAZY[n][1]) for n in sorted(LAZY) if _available(n)]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+# words people type at the top level that live under `gpurun queue`
+QUEUE_VERBS = ("submit", "status", "logs", "cancel", "retry", "events")
+
+
+def _suggestion(name: str, commands: list[str]) -> str:
+    """`` Did you mean 'queue'?`` for a near miss (difflib), or for a queue verb typed at the
+    top level (``gpurun status``); empty when nothing is close."""
+    if name in QUEUE_VERBS:
+        return f" Did you mean 'queue {name}'?"
+    import difflib
+    close = difflib.get_close_matches(name, commands, n=2, cutoff=0.6)
+    if not close:
+        verb = difflib.get_close_matches(name, QUEUE_VERBS, n=1, cutoff=0.75)
+        return f" Did you mean 'queue {verb[0]}'?" if verb else ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
 def _available(name: str) -> bool:
@@ -164,6 +189,21 @@ def _usage_message(exc: click.ClickException) -> tuple[str, str | None]:
     return exc.format_message(), hint
 
 
+def _interrupted(as_json: bool) -> None:
+    """Ctrl-C: say so, and what the command leaves behind (``render.on_interrupt``: jobs go on
+    running on the host), then exit 130 like any program stopped by SIGINT."""
+    from orchestrator.cli.render import interrupt_note  # stdlib-only module: cheap here
+    note = interrupt_note()
+    if as_json:
+        _emit_error("interrupted", "interrupted", note)
+    else:
+        try:
+            click.echo("gpurun: interrupted" + (f"; {note}" if note else ""), err=True)
+        except (BrokenPipeError, OSError):
+            pass
+    sys.exit(CLI_CODES["interrupted"][1])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     watch = _StdoutWatch(sys.stdout)
@@ -182,7 +222,10 @@ def main(argv: list[str] | None = None) -> None:
             if err.hint:
                 click.echo(f"  hint: {err.hint}", err=True)
         sys.exit(err.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        # click turns Ctrl-C into Abort; that is an interruption, not a declined prompt
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            _interrupted(as_json())
         if as_json():
             _emit_error("aborted", "aborted", None)
         else:
@@ -199,11 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
         sys.exit(CLI_CODES["usage"][1] if usage else exc.exit_code)
     except KeyboardInterrupt:
-        if as_json():
-            _emit_error("interrupted", "interrupted", None)
-        else:
-            click.echo("gpurun: interrupted", err=True)
-        sys.exit(CLI_CODES["interrupted"][1])
+        _interrupted(as_json())
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:  # a bug: keep the traceback (stderr), but scripts still get JSON

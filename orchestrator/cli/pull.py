@@ -84,8 +84,13 @@ def pull(host: Optional[str], jobs: tuple[str, ...], dest: Optional[str], loop: 
     renamed; an interrupted pull resumes. Remote files are never deleted. Files land in
     DEST/HOST/JOB_ID/ next to PULL_VERIFIED.json.
     """
+    from orchestrator.cli.render import on_interrupt
+    from orchestrator.core.hosts import resolve
     from orchestrator.core.pull import pull as run_pull
 
+    name = resolve(host)["name"]
+    on_interrupt(f"pull stopped: files verified so far are home and a partial file resumes on the next "
+                 f"pull; jobs keep running on {name} (see `gpurun queue status --host {name}`)")
     show = not as_json and sys.stderr.isatty()
     bars = RichProgress() if show else None
     kwargs = dict(jobs=list(jobs) or None, dest=dest, loop=loop, interval=interval, use_s3=use_s3,

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.cli.render import STATE_STYLE, console, emit_json, human_duration, json_job
+from orchestrator.cli.options import complete_jobs, host_option
+from orchestrator.cli.render import (STATE_STYLE, console, emit_json, iso, json_job, on_interrupt,
+                                      plain_job_lines, stdout_is_tty)
 
 if TYPE_CHECKING:
     from orchestrator.core.queue import Job
 
-HOST_OPT = click.option("--host", "host", default=None, metavar="NAME",
-                        help="Host to act on (default: local, or $GPURUN_HOST).")
+HOST_OPT = host_option()
 
 
 @click.group()
@@ -62,6 +63,8 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
                 counts[r["state"]] = counts.get(r["state"], 0) + 1
             err.print("  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items())))
 
+        on_interrupt(f"stopped waiting; the jobs keep running on {res.host} "
+                     f"(see `gpurun queue status --host {res.host}`)")
         final = core.wait_for(s, res.ids, on_change=show)
     if as_json:
         emit_json({"host": res.host, "jobs": [json_job(j) for j in final]})
@@ -71,23 +74,10 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
         sys.exit(1)
 
 
-def render_table(host: str, jobs: list[Job]) -> None:
-    from rich.table import Table
-    table = Table(title=f"queue on {host}", title_justify="left")
-    for col in ("#", "name", "state", "exit", "try", "gpus", "runtime", "id"):
-        table.add_column(col, no_wrap=col in ("#", "state", "id"), overflow="fold")
-    now = time.time()
-    for j in jobs:
-        runtime = None
-        if j["started_at"]:
-            runtime = (j["ended_at"] or now) - j["started_at"]
-        state = f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]"
-        if j.get("reason") and j["state"] in ("failed", "quality_stopped", "queued"):
-            state += f"\n[dim]{j['reason'][:60]}[/]"
-        gpus = ",".join(str(g) for g in j["gpu_ids"]) if j["gpu_ids"] else ""
-        table.add_row(str(j["seq"]), j["name"], state, "" if j["exit_code"] is None else str(j["exit_code"]),
-                      str(j["attempt"]), gpus, human_duration(runtime), j["id"])
-    console().print(table)
+def render_table(host: str, jobs: list[Job], slots: int | None = None) -> None:
+    """The job table: fitted to a terminal, plain greppable lines when piped (``cli/render``)."""
+    from orchestrator.cli.render import print_job_table
+    print_job_table(host, jobs, slots)
 
 
 @queue.command()
@@ -95,41 +85,56 @@ def render_table(host: str, jobs: list[Job]) -> None:
 @click.option("--all-hosts", is_flag=True, help="Query every host in the inventory, in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape.")
 def status(host: str | None, all_hosts: bool, as_json: bool) -> None:
-    """Show the jobs on a host and their states."""
+    """Show the jobs on a host and their states.
+
+    On a terminal: a table fitted to its width (a job's reason on a dim line under it). Piped:
+    a header and one plain line per job (full id, reason last) for grep, awk and wc -l.
+    """
     from orchestrator.core import queue as core
+    from orchestrator.core.hosts import list_hosts, resolve
     if not all_hosts:
-        name, jobs = core.status(host)
+        entry = resolve(host)
+        name, jobs = core.status(entry["name"])
         if as_json:
             emit_json({"host": name, "jobs": [json_job(j) for j in jobs]})
         else:
-            render_table(name, jobs)
+            render_table(name, jobs, entry.get("slots"))
         return
     results = core.status_all()
-    for r in results:
-        if as_json:
-            continue
-        if "error" in r:
-            console().print(f"[red]{r['host']}: {r['error']}[/]")
-        else:
-            render_table(r["host"], r["jobs"])
     if as_json:
         emit_json({"hosts": [{"host": r["host"], "jobs": [json_job(j) for j in r["jobs"]],
                               **({"error": r["error"]} if "error" in r else {})} for r in results]})
+    elif stdout_is_tty():
+        slots = {h["name"]: h.get("slots") for h in list_hosts()}
+        for r in results:
+            if "error" in r:
+                console().print(f"[red]{r['host']}: {r['error']}[/]")
+            else:
+                render_table(r["host"], r["jobs"], slots.get(r["host"]))
+    else:  # one table with a HOST column; a host that failed is reported on stderr
+        click.echo("\n".join(plain_job_lines([(r["host"], j) for r in results for j in r["jobs"]])))
+        for r in results:
+            if "error" in r:
+                click.echo(f"gpurun: {r['host']}: {r['error']}", err=True)
     if any("error" in r for r in results):
         sys.exit(1)
 
 
 @queue.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @HOST_OPT
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
-@click.option("--tail", "tail_kb", type=int, default=64, show_default=True, help="KiB of the end of the log to show.")
-def logs(job: str, host: str | None, follow: bool, tail_kb: int) -> None:
+@click.option("--tail", "-n", "tail_lines", type=click.IntRange(min=0), default=100, show_default=True,
+              metavar="N", help="Lines from the end of the log to show first (whole lines; 0: only new output with -f).")
+def logs(job: str, host: str | None, follow: bool, tail_lines: int) -> None:
     """Print a job's log (JOB is a name, id or number)."""
     from orchestrator.core.session import open_session
     out = click.get_text_stream("stdout")
     with open_session(host) as s:
-        res = s.logs(job, -1, tail_kb * 1024)
+        if follow:
+            on_interrupt(f"stopped following; the job keeps running on {s.host['name']} "
+                         f"(see `gpurun queue status --host {s.host['name']}`)")
+        res = s.logs(job, -1, tail_lines=tail_lines)
         out.write(res["data"])
         out.flush()
         while follow and res["job"]["state"] in ("queued", "running"):
@@ -143,7 +148,7 @@ def logs(job: str, host: str | None, follow: bool, tail_kb: int) -> None:
 
 
 @queue.command()
-@click.argument("jobs", nargs=-1)
+@click.argument("jobs", nargs=-1, shell_complete=complete_jobs)
 @HOST_OPT
 @click.option("--all", "all_", is_flag=True, help="Cancel every queued and running job (asks first).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before cancelling running jobs with --all.")
@@ -178,7 +183,7 @@ def _confirm_kill(host: str, running: list[dict]) -> None:
 
 
 @queue.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete_jobs)
 @HOST_OPT
 @click.option("--force", is_flag=True, help="Skip the quality gate for this resume (recorded in the job's history).")
 def retry(job: str, host: str | None, force: bool) -> None:
@@ -191,23 +196,41 @@ def retry(job: str, host: str | None, force: bool) -> None:
 
 
 @queue.command()
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=complete_jobs)
 @HOST_OPT
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Newest events to show.")
-@click.option("--json", "as_json", is_flag=True, help="Print {host, events: [{id, ts, job_id, kind, severity, "
-              "message, data}]}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {host, events: [{id, ts, ts_unix, job_id, job_name, "
+              "kind, severity, message, data}]} (ts is ISO 8601 UTC).")
 def events(job: str | None, host: str | None, limit: int, as_json: bool) -> None:
     """A job's history (or the host's): state changes, retries, watchdog and quality findings."""
+    from orchestrator.core.hosts import known_jobs
     from orchestrator.core.session import open_session
     with open_session(host) as s:
         evs = s.events(job, limit, newest=True)["events"]
         name = s.host["name"]
+        names = {j["id"]: j["name"] for j in known_jobs(name)}
+        if any(e.get("job_id") and e["job_id"] not in names for e in evs):
+            # jobs the home records do not know yet (submitted from another machine): ask once
+            names.update({j["id"]: j["name"] for j in s.status()["jobs"]})
+    for e in evs:
+        e["job_name"] = names.get(e.get("job_id") or "")
     if as_json:
-        emit_json({"host": name, "events": evs})
+        emit_json({"host": name, "events": [dict(e, ts=iso(e["ts"]), ts_unix=e["ts"]) for e in evs]})
         return
+    from rich.markup import escape
     style = {"warn": "yellow", "error": "red", "critical": "bold red"}
     out = console()
+    width = max([len(_job_label(e)) for e in evs] + [0])
     for e in evs:
         sev = e["severity"]
         out.print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['ts']))}  "
-                  f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {e['message']}", soft_wrap=True)
+                  f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {escape(_job_label(e)):<{width}}  "
+                  f"{escape(e['message'])}", soft_wrap=True)
+
+
+def _job_label(e: dict) -> str:
+    """``name (short id)`` of an event's job; ``-`` for a host event."""
+    if not e.get("job_id"):
+        return "-"
+    short = e["job_id"][:8]
+    return f"{e['job_name']} ({short})" if e.get("job_name") and e["job_name"] != e["job_id"] else short

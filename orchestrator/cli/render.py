@@ -1,17 +1,51 @@
-"""Shared rendering helpers for the CLI: rich tables, state colours, durations, JSON out."""
+"""Shared rendering helpers for the CLI: rich tables, state colours, durations, JSON out, the
+job table (a fitted table on a terminal, plain whitespace columns when piped) and the note a
+command leaves for ``main`` to print when Ctrl-C interrupts it."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from orchestrator.core.queue import Job
 
 STATE_STYLE = {"queued": "cyan", "running": "yellow", "succeeded": "green", "failed": "red",
                "cancelled": "magenta", "quality_stopped": "bold red"}
+
+
+# what `main` says after "gpurun: interrupted" (set by a command before it blocks)
+_interrupt_note: Optional[str] = None
+
+
+def on_interrupt(note: str) -> None:
+    """Remember what a Ctrl-C during the rest of this command leaves behind (e.g. "jobs keep
+    running on box"); ``main`` prints it after ``gpurun: interrupted``."""
+    global _interrupt_note
+    _interrupt_note = note
+
+
+def interrupt_note() -> Optional[str]:
+    return _interrupt_note
+
+
+def stdout_is_tty() -> bool:
+    """Whether stdout is a terminal, for layout (fitted table vs. plain lines).
+
+    ``TTY_COMPATIBLE=1``/``0`` (rich's own switch, which ``console()`` honours as well) wins
+    over ``isatty`` so tests and terminals rich cannot detect can ask for either form.
+    ``FORCE_COLOR`` is deliberately not a reason to lay out for a terminal: CI sets it, and
+    its piped output must stay greppable."""
+    forced = os.environ.get("TTY_COMPATIBLE", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        return sys.stdout.isatty()
+    except ValueError:  # closed stream at interpreter exit
+        return False
 
 
 def console(stderr: bool = False) -> Any:
@@ -49,3 +83,128 @@ def json_job(j: Job) -> dict[str, Any]:
             "command": j["command"], "cwd": j["cwd"], "log": j["log"], "run_dir": j["run_dir"],
             "reason": j["reason"], "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
             "ended_at": iso(j["ended_at"])}
+
+
+# --- the job table (queue status, submit --wait) ---------------------------------------------
+JOB_COLUMNS = ("#", "NAME", "STATE", "EXIT", "TRY", "GPUS", "RUNTIME", "ID")
+_RIGHT = ("#", "EXIT", "TRY")
+# dropped in this order when a terminal is too narrow; #, NAME, STATE and EXIT always stay
+_DROPPABLE = ("ID", "RUNTIME", "GPUS", "TRY")
+_SHORT_ID = 8
+_REASON_STATES = ("failed", "quality_stopped", "queued", "cancelled")
+
+
+def cpu_host(jobs: list[Job]) -> bool:
+    """Whether the jobs show a host without GPUs: some job started without GPU ids and none
+    got any (the runner gives every job on a GPU host at least one GPU)."""
+    started = [j for j in jobs if j.get("started_at") is not None]
+    return bool(started) and not any(j.get("gpu_ids") for j in jobs)
+
+
+def _gpu_cell(j: Job, cpu: bool) -> str:
+    if j.get("gpu_ids"):
+        return ",".join(str(g) for g in j["gpu_ids"])
+    if cpu or j.get("started_at") is not None:
+        return "slot"  # a host without GPUs runs each job in one of its slots
+    return str(j.get("gpus") or 1)  # not placed yet: what the job asks for
+
+
+def _cells(j: Job, cpu: bool, now: float) -> dict[str, str]:
+    runtime = None
+    if j.get("started_at"):
+        runtime = (j.get("ended_at") or now) - j["started_at"]
+    return {"#": str(j["seq"]), "NAME": j["name"], "STATE": j["state"],
+            "EXIT": "" if j.get("exit_code") is None else str(j["exit_code"]),
+            "TRY": str(j.get("attempt") or 0), "GPUS": _gpu_cell(j, cpu),
+            "RUNTIME": human_duration(runtime), "ID": j["id"]}
+
+
+def _reason(j: Job) -> str:
+    if j["state"] not in _REASON_STATES or not j.get("reason"):
+        return ""
+    return " ".join(str(j["reason"]).split())  # one line, whatever the agent wrote
+
+
+def job_header(host: str, jobs: list[Job], slots: Optional[int] = None) -> str:
+    """``queue on HOST``, with the slot count when the host runs jobs without GPUs."""
+    head = f"queue on {host}"
+    if cpu_host(jobs) and slots:
+        head += f" (no GPU: {slots} slot{'s' if slots != 1 else ''}, one job per slot)"
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j["state"]] = counts.get(j["state"], 0) + 1
+    if counts:
+        head += ": " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    return head
+
+
+def plain_job_lines(rows: list[tuple[Optional[str], Job]]) -> list[str]:
+    """The piped form: a header, then one line per job in whitespace-separated columns, empty
+    cells as ``-``, the full id, and the reason last (so ``grep``, ``awk``, ``wc -l`` work).
+    ``rows`` pairs each job with its host, or ``None`` for a single-host listing (no HOST column)."""
+    with_host = any(h is not None for h, _ in rows)
+    cols = (("HOST",) if with_host else ()) + JOB_COLUMNS
+    now = time.time()
+    by_host: dict[Optional[str], bool] = {}
+    for h, _ in rows:
+        if h not in by_host:
+            by_host[h] = cpu_host([j for hh, j in rows if hh == h])
+    table = []
+    for h, j in rows:
+        cells = _cells(j, by_host[h], now)
+        if with_host:
+            cells["HOST"] = h or ""
+        table.append(([cells[c] or "-" for c in cols], _reason(j)))
+    widths = [max([len(c)] + [len(r[0][i]) for r in table]) for i, c in enumerate(cols)]
+
+    def line(values: list[str], reason: str) -> str:
+        parts = [v.rjust(w) if c in _RIGHT else v.ljust(w) for c, v, w in zip(cols, values, widths)]
+        return ("  ".join(parts) + "  " + reason).rstrip()
+
+    return [line(list(cols), "REASON")] + [line(v, r) for v, r in table]
+
+
+def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> None:
+    """One host's jobs: a table fitted to the terminal, or plain lines when stdout is piped."""
+    if not stdout_is_tty():
+        sys.stdout.write("\n".join(plain_job_lines([(None, j) for j in jobs])) + "\n")
+        return
+    from rich.text import Text
+
+    con = console()
+    con.print(Text(job_header(host, jobs, slots), style="bold"), soft_wrap=True)
+    if not jobs:
+        con.print("  no jobs; add some with `gpurun queue submit FILE`", style="dim", soft_wrap=True)
+        return
+    cpu, now = cpu_host(jobs), time.time()
+    rows = []
+    for j in jobs:
+        cells = _cells(j, cpu, now)
+        cells["ID"] = cells["ID"][:_SHORT_ID]  # the full id is in --json and the piped form
+        rows.append(cells)
+    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in JOB_COLUMNS}
+    cols = list(JOB_COLUMNS)
+    for drop in _DROPPABLE:
+        if sum(widths[c] for c in cols) + 2 * (len(cols) - 1) <= con.width:
+            break
+        cols.remove(drop)
+
+    def cell(c: str, v: str) -> str:
+        return v.rjust(widths[c]) if c in _RIGHT else v.ljust(widths[c])
+
+    con.print(Text("  ".join(cell(c, c) for c in cols).rstrip(), style="bold"), soft_wrap=True)
+    indent = widths["#"] + 2
+    for j, r in zip(jobs, rows):
+        line = Text()
+        for i, c in enumerate(cols):
+            if i:
+                line.append("  ")
+            line.append(cell(c, r[c]), style=STATE_STYLE.get(r[c], "") if c == "STATE" else "")
+        line.rstrip()
+        # never cropped: a name longer than the terminal wraps rather than losing its end
+        con.print(line, soft_wrap=True)
+        why = _reason(j)
+        if why:
+            room = max(10, con.width - indent)
+            text = Text(" " * indent + (why if len(why) <= room else why[:room - 1] + "…"), style="dim")
+            con.print(text, soft_wrap=True)

@@ -81,6 +81,12 @@ def main() -> int:
     os.makedirs(a.run_dir, exist_ok=True)
     metrics = open(os.path.join(a.run_dir, "metrics.jsonl"), "a")
     np.seterr(all="ignore")  # divergence must show up as inf/nan in the metrics, not as a crash
+    if start >= a.steps:
+        # a finished run started again (`gpurun queue retry` of a succeeded job): its newest
+        # checkpoint is the last step, so there is nothing left to train
+        print("done: already trained to step %d of %d; nothing to do" % (start, a.steps), flush=True)
+        metrics.close()
+        return 0
     for step in range(start, a.steps):
         t0 = time.perf_counter()
         x = rng.normal(size=(a.batch, d_in))
@@ -109,6 +115,7 @@ def main() -> int:
             print("step %d loss %.5g lr %.3g grad_norm %.3g" % (step, loss, lr, gnorm), flush=True)
         if (step + 1) % a.ckpt_every == 0 or step == a.steps - 1:
             save_checkpoint(ckpt_dir, step, params)
+    metrics.close()
     print("done: %d steps, final loss %.5g" % (a.steps, loss), flush=True)
     return 0
 

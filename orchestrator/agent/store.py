@@ -60,26 +60,47 @@ class Store:
         next start is a resume (attempt > 0) and passes the quality gate first; the retry
         budget starts fresh there (``attempt_base``)."""
         now = time.time()
+        jobs = list(jobs)
         added: list[str] = []
         present: list[str] = []
         cur = self.db.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
+            # Known ids are looked up first, inside the write lock: an ``INSERT OR IGNORE`` of a
+            # present id still consumes an AUTOINCREMENT number, so a no-op resubmit of 8 jobs
+            # used to make the next new job #17 instead of #9.
+            known = self._present_ids(cur, [j["id"] for j in jobs])
+            rows = []
             for j in jobs:
-                cur.execute(
-                    "INSERT OR IGNORE INTO jobs (id, name, command, cwd, env, gpus, retries, timeout_s,"
-                    " metrics, checkpoints, run_dir, log, source, submitted_at, attempt, attempt_base)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (j["id"], j["name"], j["command"], j.get("cwd"), json.dumps(j.get("env") or {}),
-                     int(j.get("gpus") or 0), int(j.get("retries") or 0), j.get("timeout_s"),
-                     j.get("metrics"), j.get("checkpoints"), j["run_dir"], j["log"],
-                     j.get("source"), now, int(j.get("attempt") or 0), int(j.get("attempt") or 0)))
-                (added if cur.rowcount == 1 else present).append(j["id"])
+                if j["id"] in known:
+                    present.append(j["id"])
+                    continue
+                known.add(j["id"])  # the same id twice in one request is added once
+                added.append(j["id"])
+                rows.append((j["id"], j["name"], j["command"], j.get("cwd"), json.dumps(j.get("env") or {}),
+                             int(j.get("gpus") or 0), int(j.get("retries") or 0), j.get("timeout_s"),
+                             j.get("metrics"), j.get("checkpoints"), j["run_dir"], j["log"],
+                             j.get("source"), now, int(j.get("attempt") or 0), int(j.get("attempt") or 0)))
+            cur.executemany(
+                "INSERT INTO jobs (id, name, command, cwd, env, gpus, retries, timeout_s,"
+                " metrics, checkpoints, run_dir, log, source, submitted_at, attempt, attempt_base)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
             raise
         return added, present
+
+    @staticmethod
+    def _present_ids(cur: sqlite3.Cursor, ids: list) -> set:
+        """Which of ``ids`` the jobs table already holds (in chunks: old SQLite builds allow
+        only 999 bound variables per statement)."""
+        found: set = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            q = "SELECT id FROM jobs WHERE id IN (%s)" % ",".join("?" * len(chunk))
+            found.update(r[0] for r in cur.execute(q, chunk).fetchall())
+        return found
 
     def jobs(self, states: Optional[Iterable[str]] = None) -> list[dict]:
         if states is None:
@@ -89,6 +110,15 @@ class Store:
             q = "SELECT * FROM jobs WHERE state IN (%s) ORDER BY seq" % ",".join("?" * len(st))
             rows = self.db.execute(q, st).fetchall()
         return [self._row(r) for r in rows]
+
+    def count_states(self, states: Iterable[str]) -> dict:
+        """``{state: number of jobs}`` for ``states`` (0 when none): one indexed query."""
+        st = list(states)
+        out = {s: 0 for s in st}
+        q = "SELECT state, COUNT(*) FROM jobs WHERE state IN (%s) GROUP BY state" % ",".join("?" * len(st))
+        for state, n in self.db.execute(q, st).fetchall():
+            out[state] = int(n)
+        return out
 
     def queued_cancelled(self) -> list[dict]:
         rows = self.db.execute("SELECT * FROM jobs WHERE state='queued' AND cancel_requested=1 ORDER BY seq")

@@ -218,7 +218,7 @@ class Runner:
                 if free_slots <= 0:
                     break
                 ids = []
-            if not self._resume_gate(job):
+            if not self._workdir_ready(job) or not self._resume_gate(job):
                 if free_gpus is not None:
                     free_gpus = sorted(free_gpus + ids)
                 continue
@@ -243,6 +243,35 @@ class Runner:
                 self.store.add_event(job["id"], "admission", "warn", "waiting for VRAM on GPU %s: free %s MiB, need %s"
                                      % (gpu_ids, res["free_mib"], need))
         return bool(res["ok"])
+
+    def _workdir_ready(self, job: dict) -> bool:
+        """The job's working directory exists, or is made when it is the host's own workdir.
+
+        A fresh box has no workdir until ``push`` or ``setup`` makes one, and a queue that needs
+        neither must still run there: gpurun's directories are the agent's to create. A user's
+        ``cwd=`` is never created (a typo would silently run in an empty dir): a missing one
+        fails the job with the path in its reason, without spending an attempt."""
+        cwd = job.get("cwd")
+        if not cwd or os.path.isdir(cwd):
+            return True
+        workdir = self.config.get("workdir")
+        if workdir and os.path.normpath(os.path.expanduser(workdir)) == os.path.normpath(cwd):
+            try:
+                os.makedirs(cwd, exist_ok=True)
+                return True
+            except OSError as exc:
+                why = "could not create the host's working directory %s: %s" % (cwd, exc.strerror or exc)
+        else:
+            why = "working directory %s does not exist" % cwd
+        if self.store.transition(job["id"], [S.QUEUED], S.FAILED, ended_at=time.time(), reason=why):
+            self.store.add_event(job["id"], "failed", "error", "job %s failed: %s" % (job["name"], why))
+            try:  # `gpurun queue logs` says it too
+                os.makedirs(job["run_dir"], exist_ok=True)
+                with open(job["log"], "a") as f:
+                    f.write("--- gpurun: not started: %s\n" % why)
+            except OSError:
+                pass
+        return False
 
     def _resume_gate(self, job: dict) -> bool:
         """Judge a job's metrics before any restart; a STOP verdict ends it as quality_stopped."""

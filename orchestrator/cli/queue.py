@@ -41,6 +41,13 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
 
     plan = core.plan_submit(file, host, start=start, slots=slots, cwd=cwd)
     err = console(stderr=True)
+    if not plan.jobs:  # nothing to send: no round trip, no daemon started for an empty file
+        for w in plan.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        if as_json:
+            emit_json({"host": plan.host["name"], "added": [], "present": []} if not wait else
+                      {"host": plan.host["name"], "jobs": []})
+        return
     with open_session(host=plan.host) as s:
         res = core.submit(s, plan)
         for w in res.warnings:

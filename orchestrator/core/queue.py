@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from orchestrator import hosts as hostinv
 from orchestrator.agent import states as S
 from orchestrator.agent.protocol import Job
-from orchestrator.errors import GpurunError
+from orchestrator.errors import BadInput, GpurunError
 if TYPE_CHECKING:
     from orchestrator.queuefile import JobSpec
 
@@ -53,12 +53,19 @@ def plan_submit(file: str, host: Optional[str] = None, *, start: int = 1, slots:
     is remembered for the host. Raises QueueFileError / BadInput for the file, HostError
     for the host."""
     from orchestrator.queuefile import parse_file, select  # only submit parses (a cold-CLI cost)
-    specs = select(parse_file(file), start)
+    every = parse_file(file)
+    if start > 1 and start > len(every):
+        raise BadInput(f"--from {start} is past the end: {file} has {len(every)} job(s)",
+                       f"pick N from 1 to {len(every)} (jobs are counted, not lines)" if every else
+                       "the file has only comments and blank lines; add a command line")
+    specs = select(every, start)
     entry = hostinv.get_host(host)
     if slots is not None:
         hostinv.update_host(entry["name"], slots=slots)
         entry = hostinv.get_host(entry["name"])
     jobs, warnings = to_jobs(specs, entry, file, cwd)
+    if not every:  # a queue of only comments is almost always the wrong file: say so
+        warnings.append(f"{file} has no jobs (only comments and blank lines): nothing submitted")
     return SubmitPlan(entry, jobs, warnings)
 
 

@@ -231,7 +231,8 @@ def from_agent(kind: str | None, message: str, hint: str | None = None, *,
     """The error for an agent reply ``{"ok": false, "error": {"kind", "message", "hint"}}``.
 
     ``not_found`` -> JobNotFound, ``bad_input`` -> BadInput, ``conflict`` -> Conflict,
-    ``store_too_new`` -> AgentStoreTooNew, ``agent_start`` -> AgentStartError, ``unknown_verb``/``protocol`` -> AgentProtocolError,
+    ``store_too_new`` -> AgentStoreTooNew, ``agent_start`` -> AgentStartError,
+    ``gate_refused`` -> GateRefused (exit 3), ``unknown_verb``/``protocol`` -> AgentProtocolError,
     ``internal`` -> AgentError (an agent bug: the message says so, once, and the hint asks for
     a report unless one is given), anything else (or no kind) -> AgentError. ``host`` names the
     host in bug reports.
@@ -249,6 +250,8 @@ def from_agent(kind: str | None, message: str, hint: str | None = None, *,
         return AgentStoreTooNew(message, hint)
     if kind == "agent_start":
         return AgentStartError(message, hint)
+    if kind == "gate_refused":
+        return GateRefused(message, hint)
     if kind in ("unknown_verb", "protocol"):
         return AgentProtocolError(message, hint or _AGENT_PROTOCOL_HINT)
     if kind == "internal":

@@ -29,7 +29,8 @@ UNKNOWN_VERB = "unknown_verb"
 STORE_TOO_NEW = "store_too_new"
 AGENT_START = "agent_start"
 INTERNAL = "internal"
-ERROR_KINDS = (NOT_FOUND, BAD_INPUT, CONFLICT, UNKNOWN_VERB, STORE_TOO_NEW, AGENT_START, INTERNAL)
+GATE_REFUSED = "gate_refused"  # a safety gate said no (the resume gate on retry); nothing changed
+ERROR_KINDS = (NOT_FOUND, BAD_INPUT, CONFLICT, UNKNOWN_VERB, STORE_TOO_NEW, AGENT_START, INTERNAL, GATE_REFUSED)
 
 
 class VerbError(Exception):

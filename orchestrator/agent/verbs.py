@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from typing import Any, Dict
 
 from orchestrator.agent import states as S
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.control import running_daemon, wake
-from orchestrator.agent.protocol import BAD_INPUT, CONFLICT, VerbError, wire_job
+from orchestrator.agent.protocol import BAD_INPUT, CONFLICT, GATE_REFUSED, VerbError, wire_job
 
 
 def v_submit(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
@@ -148,6 +149,8 @@ def v_retry(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
         raise VerbError("job %s is %s; only a finished job can be retried" % (job["name"], job["state"]),
                         BAD_INPUT, "cancel it first with `gpurun queue cancel %s`" % job["name"])
     force = bool(req.get("force"))
+    if not force:
+        _retry_gate(ctx, job)
     ok = ctx.store.transition(job["id"], [job["state"]], S.QUEUED, user_retry=True, attempt_base=job["attempt"],
                               cancel_requested=0, stop_cause=None, force_resume=1 if force else 0, exit_code=None,
                               ended_at=None,
@@ -156,6 +159,28 @@ def v_retry(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
         raise VerbError("job %s changed state while retrying; try again" % job["name"], CONFLICT)
     wake(ctx.state_dir)
     return {"job": wire_job(ctx.store.get_job(job["id"])), "next_attempt": job["attempt"] + 1}
+
+
+def _retry_gate(ctx: AgentContext, job: Dict[str, Any]) -> None:
+    """The runner's resume gate, asked before a retry is accepted, so ``retry`` never says
+    "queued again" for a job the runner would then refuse. A refusal changes no state (the
+    refusal is written to the job's history); an unreadable source is WAIT, as in the runner."""
+    if not job["attempt"]:
+        return  # never started (cancelled while queued): the runner gates only resumes
+    from orchestrator.agent.quality_hook import resume_gate  # the metric readers, only on a retry
+    try:
+        res = resume_gate(job, ctx.config)
+    except Exception:  # noqa: BLE001 - the runner treats an unjudgeable source as allowed too
+        return
+    if res.get("allowed", True):
+        return
+    why = "resume refused by quality gate: %s" % (res.get("summary") or res.get("verdict"))
+    ctx.store.add_event(job["id"], "gate", "warn", "retry %s" % why,
+                        {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")})
+    evidence = " (evidence: %s)" % res["evidence_path"] if res.get("evidence_path") else ""
+    raise VerbError("job %s was not retried: %s%s" % (job["name"], why, evidence), GATE_REFUSED,
+                    "to run it anyway: `gpurun queue retry %s --force` (the override is recorded in the "
+                    "job's history)" % shlex.quote(job["name"]))
 
 
 def v_events(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,5 +1,5 @@
 """End to end on ``local``: the example trainer's diverging run is caught by the periodic
-check; killed and retried, the resume gate refuses it with evidence; healthy runs are untouched."""
+check; killed, its retry is refused by the resume gate with evidence; healthy runs are untouched."""
 
 from __future__ import annotations
 
@@ -55,12 +55,13 @@ def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
     assert jobs["diverge"]["state"] == "cancelled"
     assert not [e for e in _events("healthy") if e["kind"] == "quality" and e["severity"] == "error"]
 
-    assert gpurun("queue", "retry", "diverge").returncode == 0
-    st = wait_terminal(timeout=60)
-    d = [j for j in st["jobs"] if j["name"] == "diverge"][0]
-    assert d["state"] == "quality_stopped", d
-    assert "quality gate" in d["reason"]
-    ev = [e for e in _events("diverge") if e["kind"] == "quality_stopped"]
+    # the retry verb asks the resume gate before it answers: refused, exit 3, nothing changed
+    refused = gpurun("queue", "retry", "diverge")
+    assert refused.returncode == 3, refused.stderr
+    assert "quality gate" in refused.stderr and "--force" in refused.stderr
+    d = [j for j in wait_terminal(timeout=60)["jobs"] if j["name"] == "diverge"][0]
+    assert d["state"] == "cancelled", d
+    ev = [e for e in _events("diverge") if e["kind"] == "gate"]
     assert ev and ev[-1]["data"]["evidence"] and os.path.exists(ev[-1]["data"]["evidence"])
     evidence = json.loads(Path(ev[-1]["data"]["evidence"]).read_text())
     assert evidence.get("verdict") == "STOP"

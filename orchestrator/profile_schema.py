@@ -136,6 +136,11 @@ SCHEMA = Obj({
                      "util_threshold": Num(minimum=0), "check_interval_s": Num(minimum=1),
                      "command": Str(), "irreversible": Bool(), "allow_irreversible": Bool(),
                      "require_verified_pull": Bool()}, required=True),
+    # The agent daemon itself. idle_exit_minutes: with nothing queued or running and no gpurun
+    # command for this long, the daemon exits (the next command starts it again). 30 on
+    # `local`, so a demo leaves nothing behind; absent/0 (never) on remote profiles, whose
+    # watchdog and autostop must keep running on an idle box.
+    "agent": Obj({"idle_exit_minutes": Num(minimum=0, nullable=True)}),
 })
 
 # A key NAME that holds a secret value rather than the name of an env var holding it.

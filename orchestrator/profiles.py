@@ -67,6 +67,7 @@ EMBEDDED_LOCAL: dict[str, Any] = {
     "boot_hook": "none",
     "network": {"proxy_hook": None, "env": {}},
     "api": None,
+    "agent": {"idle_exit_minutes": 30},
 }
 
 EMBEDDED_SOURCE = "<embedded local profile>"

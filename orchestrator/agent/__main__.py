@@ -89,6 +89,9 @@ def unpack_self() -> None:
 def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     from orchestrator.agent import control
     os.makedirs(state_dir, exist_ok=True)
+    if verb not in ("agent_info", "agent_stop"):  # looking at the agent is not using it
+        # before any ensure: an idle daemon about to exit re-reads this under the ensure lock
+        control.touch_activity(state_dir)
     if verb == "ensure":
         unpack_self()
         changed = "config" in req and control.write_config(state_dir, req["config"])

@@ -2,12 +2,14 @@
 
 One daemon per state dir, proven by an exclusive flock held for its whole life. ``ensure``
 is a no-op when a daemon of the same build holds the lock, and replaces an older build.
-Verbs use ``wake`` to have the daemon act on a change at once. Nothing here imports the
+Verbs use ``wake`` to have the daemon act on a change at once, and ``touch_activity`` to keep
+an idle daemon from exiting (``idle_exit_s``; ``ensure_lock`` keeps that exit race-free). Nothing here imports the
 runner or the store, so the one-shot verb processes stay light and free of import circles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import time
 import zlib
-from typing import Optional
+from typing import Iterator, Optional
 
 from orchestrator.agent.migrations import refuse_if_too_new
 from orchestrator.agent.protocol import AGENT_START, VerbError
@@ -29,7 +31,11 @@ START_TIMEOUT_S = 15.0
 def files(state_dir: str) -> dict:
     return {k: os.path.join(state_dir, v) for k, v in {
         "lock": "agent.lock", "pid": "agent.pid", "build": "agent.build", "log": "agent.log",
-        "db": "gpurun.db", "config": "config.json"}.items()}
+        "db": "gpurun.db", "config": "config.json",
+        # held by ``ensure``, ``agent_stop`` and an idle daemon on its way out (see ``ensure_lock``)
+        "ensure_lock": "agent.ensure.lock",
+        # touched by every verb but agent_info/agent_stop: the idle clock of ``idle_exit_minutes``
+        "activity": "agent.activity"}.items()}
 
 
 def load_config(state_dir: str) -> dict:
@@ -60,6 +66,63 @@ def write_config(state_dir: str, config: dict) -> bool:
         pass
     write_atomic(path, text)
     return True
+
+
+@contextlib.contextmanager
+def ensure_lock(state_dir: str, wait: bool = True) -> Iterator[bool]:
+    """Hold the ensure lock; yields False (without holding it) when ``wait`` is off and it is busy.
+
+    A daemon that exits because it is idle takes this lock and gives up the daemon lock before
+    letting go of it. ``ensure`` looks at the daemon lock only while holding this one, so it
+    sees either a daemon that is staying (a verb touched ``activity`` before ensuring, which
+    the exiting daemon re-reads under the lock) or none at all (and starts one): it never
+    answers "running" for a daemon about to vanish."""
+    fd = os.open(files(state_dir)["ensure_lock"], os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError as exc:
+            if wait or exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing the fd releases the flock
+
+
+def touch_activity(state_dir: str) -> None:
+    """Note that a verb came in now (the idle-exit clock restarts)."""
+    path = files(state_dir)["activity"]
+    try:
+        with open(path, "a"):
+            pass
+        os.utime(path, None)
+    except OSError:
+        pass  # a full disk must not fail the verb; the daemon then only counts its own jobs
+
+
+def last_activity(state_dir: str) -> Optional[float]:
+    try:
+        return os.stat(files(state_dir)["activity"]).st_mtime
+    except OSError:
+        return None
+
+
+def started_at(state_dir: str) -> Optional[float]:
+    """When the running daemon started: it writes its pid file once, at start."""
+    try:
+        return os.stat(files(state_dir)["pid"]).st_mtime
+    except OSError:
+        return None
+
+
+def idle_exit_s(config: dict) -> float:
+    """Seconds of idleness after which the daemon exits (0: never); ``agent.idle_exit_minutes``."""
+    try:
+        return max(0.0, float((config.get("agent") or {}).get("idle_exit_minutes") or 0) * 60.0)
+    except (TypeError, ValueError, AttributeError):
+        return 0.0
 
 
 def running_daemon(state_dir: str) -> Optional[dict]:
@@ -102,6 +165,11 @@ def wake(state_dir: str) -> None:
 def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout: float = START_TIMEOUT_S) -> dict:
     """Make sure a daemon of ``build`` runs for ``state_dir``; returns what was done."""
     os.makedirs(state_dir, exist_ok=True)
+    with ensure_lock(state_dir):
+        return _ensure(state_dir, pyz, build, detach, timeout)
+
+
+def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -> dict:
     info = running_daemon(state_dir)
     if info and info["build"] == build:
         return {"action": "none", "pid": info["pid"], "build": build}

@@ -1,7 +1,8 @@
 """The agent daemon's loop: sleeps on a wakeup fd, runs the runner's pass and the periodic hooks.
 
 A job exit (SIGCHLD) or a client verb (SIGUSR1) wakes it at once, so the next job starts
-within milliseconds while an idle agent costs nothing. Its control files and idempotent start
+within milliseconds while an idle agent costs nothing; with ``agent.idle_exit_minutes`` set
+(the local profile) an idle one exits on its own. Its control files and idempotent start
 live in ``orchestrator.agent.control``.
 """
 
@@ -16,8 +17,9 @@ import time
 import traceback
 from typing import Optional
 
+from orchestrator.agent import states as S
 from orchestrator.agent.context import AgentContext
-from orchestrator.agent.control import files, load_config, write_atomic
+from orchestrator.agent.control import ensure_lock, files, idle_exit_s, last_activity, load_config, write_atomic
 from orchestrator.agent.migrations import StoreTooNew
 from orchestrator.agent.periodic import Periodic
 from orchestrator.agent.runner import Runner
@@ -71,6 +73,7 @@ class Daemon:
         runner.reconcile()
         periodic = self._periodic_runner(store, runner, config, self.state_dir)
         config_mtime = self._mtime()
+        self.busy_at = time.time()  # the idle clock starts with the daemon
         while not self.stop:
             try:
                 mt = self._mtime()
@@ -79,6 +82,8 @@ class Daemon:
                     runner.config = periodic.ctx.config = config = load_config(self.state_dir)
                 runner.step()
                 periodic.run()
+                if self._idle_exit(store, runner, config, fd):
+                    return 0
             except Exception:
                 # A bug in one pass must not kill the agent that guards running jobs.
                 sys.stderr.write(traceback.format_exc())
@@ -94,6 +99,36 @@ class Daemon:
         store.add_event(None, "agent_stop", "info", "agent stopped (pid %d); jobs keep running" % os.getpid())
         store.close()
         return 0
+
+    def _idle_exit(self, store: Store, runner: Runner, config: dict, lock_fd: int) -> bool:
+        """Exit when nothing was queued or running and no verb came for ``agent.idle_exit_minutes``.
+
+        A local agent left behind by a demo should not run forever; the next command starts
+        a new one. Off (0/absent) on remote profiles, whose watchdog and autostop must keep
+        running. The exit is decided again under the ensure lock, and the daemon lock is given
+        up before that lock is, so a verb that is ensuring right now either keeps this daemon
+        (it touched ``activity`` first) or finds none and starts one (``control.ensure_lock``)."""
+        limit = idle_exit_s(config)
+        if not limit:
+            return False
+        now = time.time()
+        if runner.pids or any(store.count_states(S.ACTIVE).values()):
+            self.busy_at = now
+            return False
+        if now - max(self.busy_at, last_activity(self.state_dir) or 0.0) < limit:
+            return False
+        with ensure_lock(self.state_dir, wait=False) as held:
+            if not held:
+                return False  # someone is ensuring right now: that is activity
+            if any(store.count_states(S.ACTIVE).values()) or \
+                    time.time() - (last_activity(self.state_dir) or 0.0) < limit:
+                return False
+            store.add_event(None, "agent_stop", "info", "agent exited after %s idle minute(s) (pid %d); the next "
+                            "gpurun command starts it again" % ("%g" % (limit / 60.0), os.getpid()),
+                            {"cause": "idle"})
+            store.close()
+            os.close(lock_fd)  # the daemon lock goes first, while the ensure lock is still held
+        return True
 
     def _mtime(self) -> float:
         try:

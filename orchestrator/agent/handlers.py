@@ -2,9 +2,9 @@
 dispatch table, checked against the protocol at import (a verb without a handler, or a
 handler without a verb, is a packaging bug caught by the test suite, not on a box).
 
-The queue verbs answer from ``verbs``; the health, quality and sync rooms load only when
-their verb is asked (the one-shot verb process would otherwise import GPU probing and the
-metric readers for every ``status``).
+The queue verbs answer from ``verbs``; the health, quality, sync and agent (``verbs_agent``)
+rooms load only when their verb is asked (the one-shot verb process would otherwise import
+GPU probing and the metric readers for every ``status``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ def _mark_pulled(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     return v_mark_pulled(ctx, req)
 
 
+def _agent_info(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    from orchestrator.agent.verbs_agent import v_agent_info
+    return v_agent_info(ctx, req)
+
+
+def _agent_stop(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    from orchestrator.agent.verbs_agent import v_agent_stop
+    return v_agent_stop(ctx, req)
+
+
 HANDLERS: Dict[str, Handler] = {
     P.SUBMIT.name: verbs.v_submit,
     P.STATUS.name: verbs.v_status,
@@ -61,6 +71,8 @@ HANDLERS: Dict[str, Handler] = {
     P.CHECK.name: _check,
     P.MANIFEST.name: _manifest,
     P.MARK_PULLED.name: _mark_pulled,
+    P.AGENT_INFO.name: _agent_info,
+    P.AGENT_STOP.name: _agent_stop,
 }
 
 if set(HANDLERS) != set(P.VERBS):  # pragma: no cover - caught by tests/agent/test_protocol.py

@@ -247,15 +247,44 @@ class MarkPulledReply(TypedDict):
     files: int
 
 
+class AgentInfoRequest(TypedDict, total=False):
+    pass
+
+
+class AgentInfoReply(TypedDict):
+    daemon: Optional[Dict[str, Any]]  # {pid, build, started_at, uptime_s}; null when none runs
+    agent: str                         # the version of the agent that answered
+    state_dir: str
+    jobs: Dict[str, int]               # {queued, running}
+    running: List[Dict[str, Any]]      # {id, name, seq} of the running jobs
+    idle_exit_minutes: Optional[float]  # null or 0: the daemon never exits on its own
+    last_activity: Optional[float]     # when a verb last touched the agent (status, submit, ...)
+
+
+class AgentStopRequest(TypedDict, total=False):
+    force: bool        # stop even with running jobs (they keep running: they are detached)
+    timeout_s: float
+
+
+class AgentStopReply(TypedDict):
+    stopped: bool      # False: no daemon was running
+    pid: Optional[int]
+    build: Optional[str]
+    running: List[Dict[str, Any]]  # {id, name, seq}: still running, unwatched until the next start
+    queued: int        # wait for the next command, which starts the agent again
+
+
 class Verb:
-    """A verb's name and its request and reply shapes."""
+    """A verb's name, its request and reply shapes, and whether the client's first call of a
+    session may start the daemon with it (``agent_info`` and ``agent_stop`` must not)."""
 
-    __slots__ = ("name", "request", "reply")
+    __slots__ = ("name", "request", "reply", "starts_daemon")
 
-    def __init__(self, name: str, request: Any, reply: Any):
+    def __init__(self, name: str, request: Any, reply: Any, starts_daemon: bool = True):
         self.name = name
         self.request = request
         self.reply = reply
+        self.starts_daemon = starts_daemon
 
     def missing_keys(self, reply: Any) -> List[str]:
         """Required reply keys that ``reply`` lacks (all of them when it is not an object)."""
@@ -276,6 +305,8 @@ SNAPSHOT = Verb("snapshot", SnapshotRequest, SnapshotReply)
 CHECK = Verb("check", CheckRequest, CheckReply)
 MANIFEST = Verb("manifest", ManifestRequest, ManifestReply)
 MARK_PULLED = Verb("mark_pulled", MarkPulledRequest, MarkPulledReply)
+AGENT_INFO = Verb("agent_info", AgentInfoRequest, AgentInfoReply, starts_daemon=False)
+AGENT_STOP = Verb("agent_stop", AgentStopRequest, AgentStopReply, starts_daemon=False)
 
 VERBS: Dict[str, Verb] = {v.name: v for v in (SUBMIT, STATUS, LOGS, CANCEL, RETRY, EVENTS, GPU, REAP, SNAPSHOT,
-                                               CHECK, MANIFEST, MARK_PULLED)}
+                                               CHECK, MANIFEST, MARK_PULLED, AGENT_INFO, AGENT_STOP)}

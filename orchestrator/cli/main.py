@@ -39,6 +39,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "up": ("orchestrator.cli.up:up", "Rent a GPU box through a provider API."),
     "ls": ("orchestrator.cli.ls:ls", "List rented instances with state and cost."),
     "recover": ("orchestrator.cli.recover:recover", "Recover a preempted box: wait, restart or replace it."),
+    "agent": ("orchestrator.cli.agent:agent", "Show or stop the agent daemon on a host."),
 }
 
 

@@ -24,7 +24,7 @@ from orchestrator.transport.framing import unframe
 
 NO_AGENT = 97
 # profile sections the agent runs with, and the host's own settings that win over them
-PROFILE_KEYS = ("watchdog", "quality", "autostop", "paths", "detach", "recovery", "reap", "notify")
+PROFILE_KEYS = ("watchdog", "quality", "autostop", "paths", "detach", "recovery", "reap", "notify", "agent")
 HOST_KEYS = ("expect_gpus", "gpus", "notify", "instance", "workdir", "min_free_mib")
 
 
@@ -108,6 +108,12 @@ class AgentClient:
         req: P.MarkPulledRequest = {"job": job, "files": files, "at": time.time(), "where": where}
         return cast(P.MarkPulledReply, self._call(P.MARK_PULLED, req))
 
+    def agent_info(self) -> P.AgentInfoReply:
+        return cast(P.AgentInfoReply, self._call(P.AGENT_INFO, {}))
+
+    def agent_stop(self, force: bool = False) -> P.AgentStopReply:
+        return cast(P.AgentStopReply, self._call(P.AGENT_STOP, {"force": force}))
+
     def close(self) -> None:
         self.transport.close()
 
@@ -133,7 +139,8 @@ class AgentClient:
         cmd = (f"if [ -f {rq(rdir + '/__main__.py')} ]; then exec {py} {rq(rdir + '/__main__.py')} {args}; "
                f"elif [ -f {rq(rpyz)} ]; then exec {py} {rq(rpyz)} {args}; "
                f"else echo GPURUN-NO-AGENT; exit {NO_AGENT}; fi")
-        if not self.ensured:
+        ensuring = not self.ensured and verb.starts_daemon
+        if ensuring:
             cfg = host_config(self.host)
             req["_config"] = cfg
             cmd = cmd.replace(args, f"{args} --ensure {build} --detach {shlex.quote(self._detach(cfg))}")
@@ -151,7 +158,7 @@ class AgentClient:
                 "see the agent log in the host's state dir (agent.log)"
             raise AgentError(f"agent on {self.host['name']} gave no reply to {verb.name!r} (exit {res.exit_code}): "
                              + " | ".join(tail)[:400], hint) from None
-        self.ensured = True
+        self.ensured = self.ensured or ensuring
         if not isinstance(envelope, dict) or ("ok" not in envelope):
             raise self._mismatch(verb, envelope, "an envelope without 'ok'")
         if not envelope["ok"]:

@@ -1,0 +1,107 @@
+"""What a newcomer meets in the first hour on ``local``, through the real CLI: job numbers that
+do not jump after a no-op resubmit, ``--from`` past the end and a comment-only file, a retry
+the resume gate refuses (exit 3, nothing changed) and one forced past it, and the example
+trainer started again on a finished run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rigs.agents import gpurun, kill_agents_under, status_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def home(isolated_home):
+    yield isolated_home
+    kill_agents_under(isolated_home)
+
+
+def test_a_noop_resubmit_does_not_burn_job_numbers(home, tmp_path):
+    q = tmp_path / "q.txt"
+    q.write_text("".join(f"[name=j{i}] true\n" for i in range(1, 9)))
+    assert gpurun("queue", "submit", str(q)).returncode == 0
+    again = gpurun("queue", "submit", str(q))
+    assert again.returncode == 0 and "8 already queued or done" in again.stderr
+    one = tmp_path / "one.txt"
+    one.write_text("[name=new] true\n")
+    assert gpurun("queue", "submit", str(one)).returncode == 0
+    seqs = {j["name"]: j["number"] for j in status_json()["jobs"]}
+    assert seqs["new"] == 9, seqs
+    assert sorted(seqs.values()) == list(range(1, 10))
+
+
+def test_from_past_the_end_and_a_file_of_only_comments(home, tmp_path):
+    q = tmp_path / "q.txt"
+    q.write_text("# two jobs\n[name=a] true\n\n[name=b] true\n")
+    past = gpurun("queue", "submit", str(q), "--from", "3")
+    assert past.returncode == 2
+    assert "--from 3 is past the end" in past.stderr and "has 2 job(s)" in past.stderr
+    assert "Traceback" not in past.stderr
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing yet\n\n   \n# python train.py\n")
+    res = gpurun("queue", "submit", str(empty), "--wait")
+    assert res.returncode == 0
+    assert "warning:" in res.stderr and "has no jobs" in res.stderr and "nothing submitted" in res.stderr
+    js = gpurun("queue", "submit", str(empty), "--json")
+    assert js.returncode == 0 and json.loads(js.stdout) == {"host": "local", "added": [], "present": []}
+    assert "has no jobs" in js.stderr
+    # nothing was sent: no agent was started for an empty file
+    assert json.loads(gpurun("agent", "status", "--json").stdout)["running"] is False
+
+
+def _job(name: str) -> dict:
+    return next(j for j in status_json()["jobs"] if j["name"] == name)
+
+
+def test_retry_of_the_diverged_example_is_refused_by_the_gate_until_forced(home):
+    pytest.importorskip("numpy")
+    # the README's example queue, from its 4th job: toy-diverge-lr3 (it exits 0 with a NaN loss)
+    sub = gpurun("queue", "submit", "examples/queue.txt", "--from", "4", "--wait", cwd=str(ROOT), timeout=180)
+    assert sub.returncode == 0, sub.stderr
+    before = _job("toy-diverge-lr3")
+    assert before["state"] == "succeeded" and before["attempt"] == 1
+
+    refused = gpurun("queue", "retry", "toy-diverge-lr3")
+    assert refused.returncode == 3, (refused.stdout, refused.stderr)
+    assert "queued again" not in refused.stdout + refused.stderr
+    assert "resume refused by quality gate" in refused.stderr
+    assert "gpurun queue retry toy-diverge-lr3 --force" in refused.stderr
+    after = _job("toy-diverge-lr3")
+    assert (after["state"], after["attempt"], after["exit_code"]) == ("succeeded", 1, 0)
+    evs = json.loads(gpurun("queue", "events", "toy-diverge-lr3", "--json").stdout)["events"]
+    gate = [e for e in evs if e["kind"] == "gate"]
+    assert gate and gate[-1]["data"]["verdict"] == "STOP" and Path(gate[-1]["data"]["evidence"]).exists()
+
+    forced = gpurun("queue", "retry", "toy-diverge-lr3", "--force")
+    assert forced.returncode == 0 and "queued again (attempt 2) with --force" in forced.stdout
+    wait = gpurun("queue", "submit", "examples/queue.txt", "--from", "4", "--wait", cwd=str(ROOT), timeout=180)
+    assert wait.returncode == 0, wait.stderr
+    again = _job("toy-diverge-lr3")
+    assert (again["state"], again["attempt"]) == ("succeeded", 2)
+    # the trainer found its last checkpoint at the end and had nothing left to do (no crash)
+    log = gpurun("queue", "logs", "toy-diverge-lr3").stdout
+    assert "nothing to do" in log and "UnboundLocalError" not in log
+    evs = json.loads(gpurun("queue", "events", "toy-diverge-lr3", "--json").stdout)["events"]
+    assert any("overridden with --force" in e["message"] for e in evs)
+
+
+def test_example_trainer_started_again_on_a_finished_run(tmp_path):
+    pytest.importorskip("numpy")
+    argv = [sys.executable, str(ROOT / "examples/train_toy.py"), "--steps", "30", "--step-time", "0",
+            "--ckpt-every", "10", "--run-dir", str(tmp_path / "run")]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "done: 30 steps" in first.stdout
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout and "nothing to do" in second.stdout
+    lines = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(30))  # no step logged twice

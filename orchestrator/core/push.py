@@ -58,6 +58,10 @@ def _local_record(host_name: str) -> Path:
     return paths.data_home() / "hosts" / host_name / HASH_FILE
 
 
+LOCAL_NOTE = ("jobs on this machine run in the directory you submit them from: `gpurun queue submit` "
+              "from your project (or pass --to PATH to copy it somewhere)")
+
+
 def remote_dir_for(host: dict, remote_dir: str | None) -> str:
     """Where the code goes: ``--to`` if given, else the host's workdir."""
     target = remote_dir or host.get("workdir")
@@ -67,11 +71,18 @@ def remote_dir_for(host: dict, remote_dir: str | None) -> str:
     return str(target)
 
 
+def _runs_in_place(entry: dict, remote_dir: str | None) -> bool:
+    """The built-in ``local`` host: its jobs run where they are submitted, it has no workdir."""
+    return entry.get("kind", "local") == "local" and not remote_dir and not entry.get("workdir")
+
+
 def push(session: Any, project_dir: str | os.PathLike, remote_dir: str | None = None) -> dict:
     """Sync ``project_dir`` to the host and record the pushed tree's hash.
 
     Returns ``{host, local_dir, remote_dir, method, files, bytes, code_hash,
-    fallback_reason}``. Raises BadInput for a bad directory or ignore file, TransportError /
+    fallback_reason}``: ``files``/``bytes`` are what was sent (rsync sends only changes), or
+    the kept tree's own count where the transport cannot say (``.gitignore`` and
+    ``.gpurunignore`` honoured). Raises BadInput for a bad directory or ignore file, TransportError /
     ConnectError when the host cannot be reached."""
     root = Path(project_dir).resolve()
     patterns = ignore_patterns(root)
@@ -88,9 +99,12 @@ def push(session: Any, project_dir: str | os.PathLike, remote_dir: str | None = 
     tmp = local.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     os.replace(tmp, local)
+    # files/bytes: what went over (rsync sends only changes); the tree's own count where the
+    # transport could not say, so the user never reads "?"
+    sent_files, sent_bytes = stats.get("files"), stats.get("bytes")
     return {"host": host["name"], "local_dir": str(root), "remote_dir": record["remote_dir"],
-            "method": stats.get("method"), "files": stats.get("files"),
-            "bytes": stats.get("bytes"), "code_hash": tree["hash"],
+            "method": stats.get("method"), "files": tree["files"] if sent_files is None else sent_files,
+            "bytes": tree["bytes"] if sent_bytes is None else sent_bytes, "code_hash": tree["hash"],
             "fallback_reason": stats.get("fallback_reason")}
 
 
@@ -99,19 +113,22 @@ def push_tree(directory: str, host: str | None = None, remote_dir: str | None = 
     """``gpurun push``: send ``directory`` to ``host`` (default: local, or $GPURUN_HOST), or with
     ``dry_run`` only say what would be sent and where, touching nothing on the host.
 
-    Returns :func:`push`'s dict plus ``dry_run``. Raises BadInput for a bad directory,
+    Returns :func:`push`'s dict plus ``dry_run``. The built-in ``local`` host sends nothing:
+    its jobs run where they are submitted (``method: "none"``, ``remote_dir: null``; :data:`LOCAL_NOTE`). Raises BadInput for a bad directory,
     HostError for an unknown host, TransportError / ConnectError when it cannot be reached."""
     from orchestrator import hosts as hostinv
 
     if not os.path.isdir(directory):
         raise BadInput(f"{directory}: no such directory", hint="give the project directory to push")
     entry = hostinv.get_host(host)
-    if dry_run:
+    if dry_run or _runs_in_place(entry, remote_dir):
         tree = local_tree_hash(directory)
+        in_place = _runs_in_place(entry, remote_dir)
         return {"host": entry["name"], "local_dir": os.path.abspath(directory),
-                "remote_dir": remote_dir_for(entry, remote_dir), "method": None,
-                "files": tree["files"], "bytes": tree["bytes"], "code_hash": tree["hash"],
-                "fallback_reason": None, "dry_run": True}
+                "remote_dir": None if in_place else remote_dir_for(entry, remote_dir),
+                "method": "none" if in_place else None,
+                "files": 0 if in_place else tree["files"], "bytes": 0 if in_place else tree["bytes"],
+                "code_hash": tree["hash"], "fallback_reason": None, "dry_run": dry_run}
     from orchestrator.core.session import open_session
 
     with open_session(host=entry) as session:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Sequence
 
 from orchestrator.errors import TransportError
@@ -44,16 +45,31 @@ class LocalTransport:
         src, dst = os.path.abspath(local_dir), os.path.abspath(remote_dir)
         if src == dst:
             return {"method": "none", "files": 0, "bytes": 0}
+        from orchestrator.transport.excludes import RSYNC_GITIGNORE_FILTER, Matcher, walk
+        from orchestrator.transport.ssh_sync import rsync_stats
+
         if shutil.which("rsync"):
-            args = ["rsync", "-a", "--delete"] + [f"--exclude={e}" for e in excludes] + [src + "/", dst + "/"]
+            args = (["rsync", "-a", "--delete", "--stats"] + [f"--exclude={e}" for e in excludes]
+                    + [RSYNC_GITIGNORE_FILTER, src + "/", dst + "/"])
             os.makedirs(dst, exist_ok=True)
             proc = subprocess.run(args, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise TransportError(f"rsync failed: {proc.stderr.strip()[:300]}")
-            return {"method": "rsync", "files": None, "bytes": None}
-        ignore = shutil.ignore_patterns(*excludes) if excludes else None
-        shutil.copytree(src, dst, dirs_exist_ok=True, ignore=ignore)
-        return {"method": "copy", "files": None, "bytes": None}
+            return {"method": "rsync", **rsync_stats(proc.stdout)}
+        # the same paths as rsync would send (excludes and .gitignore), counted
+        files = total = 0
+        for rel, path in walk(Path(src), Matcher(excludes)):
+            target = Path(dst) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_symlink():
+                if target.is_symlink() or target.exists():
+                    target.unlink()
+                os.symlink(os.readlink(path), target)
+                continue
+            shutil.copy2(path, target)
+            files += 1
+            total += path.stat().st_size
+        return {"method": "copy", "files": files, "bytes": total}
 
     def check(self) -> None:
         return None

@@ -1,6 +1,7 @@
 """Directory sync to an SSH host: rsync over OpenSSH with gpurun's known_hosts, falling back
 to a tar stream over the open SSH channel, then to SFTP, when rsync (or tar) is missing or
 broken on either side (a ``.bashrc`` that prints text breaks rsync's protocol, not tar's).
+All three leave out the same paths: the excludes, and what each ``.gitignore`` lists.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from orchestrator.errors import OperationalError, TransportError
-from orchestrator.transport.excludes import Matcher, walk
+from orchestrator.transport.excludes import RSYNC_GITIGNORE_FILTER, Matcher, walk
 from orchestrator.transport.openssh import openssh_argv, rsync_host
 from orchestrator.transport.sshconfig import Endpoint
 
@@ -70,7 +71,7 @@ def sync(t: "SSHTransport", local_dir: str, remote_dir: str, *,
     else:
         res = _rsync(t, src, abs_dir, excludes)
         if res.returncode in _RSYNC_OK:
-            return {"method": "rsync", **_rsync_stats(res.stdout), "remote_dir": abs_dir}
+            return {"method": "rsync", **rsync_stats(res.stdout), "remote_dir": abs_dir}
         reason = f"rsync failed (exit {res.returncode}: {_last_line(res.stderr)})"
     matcher = Matcher(excludes)
     if remote_tar:
@@ -85,7 +86,7 @@ def _rsync(t: "SSHTransport", src: Path, abs_dir: str, excludes: Sequence[str]):
             "-e", " ".join(shlex.quote(a) for a in openssh_args(t))]
     if t.rsync_path:
         argv.append(f"--rsync-path={t.rsync_path}")
-    argv += [f"--exclude={p}" for p in excludes]
+    argv += [f"--exclude={p}" for p in excludes] + [RSYNC_GITIGNORE_FILTER]
     host = rsync_host(t.endpoint)
     # rsync >= 3.2.4 escapes remote args itself; older ones need --protect-args (-s).
     argv += ["-s", str(src) + "/", f"{host}:{abs_dir}/"]
@@ -97,10 +98,13 @@ def _rsync(t: "SSHTransport", src: Path, abs_dir: str, excludes: Sequence[str]):
                              hint="run `gpurun push` again; rsync resumes") from None
 
 
-def _rsync_stats(text: str) -> dict:
-    files = re.search(r"Number of regular files transferred: ([\d,]+)", text)
-    size = re.search(r"Total transferred file size: ([\d,]+)", text)
-    num = lambda m: int(m.group(1).replace(",", "")) if m else 0  # noqa: E731
+def rsync_stats(text: str) -> dict:
+    """``{files, bytes}`` sent, from rsync's ``--stats``; None for a count it did not print
+    (an unknown rsync says nothing rather than a wrong 0). Older rsyncs (< 3.1) say
+    "Number of files transferred"."""
+    files = re.search(r"Number of (?:regular )?files transferred: ([\d,.]+)", text)
+    size = re.search(r"Total transferred file size: ([\d,.]+)", text)
+    num = lambda m: int(re.sub(r"[,.]", "", m.group(1))) if m else None  # noqa: E731
     return {"files": num(files), "bytes": num(size)}
 
 

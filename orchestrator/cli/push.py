@@ -18,20 +18,24 @@ def push(directory: str, host: str | None, remote_dir: str | None, dry_run: bool
          as_json: bool) -> None:
     """Send DIRECTORY (default: here) to a host and record its content hash there.
 
-    Leaves out .git, __pycache__, *.pyc, virtualenvs, node_modules, wandb and the patterns in
-    DIRECTORY/.gpurunignore (one per line; name, dir/, /anchored, globs, ** across dirs).
+    Leaves out .git, __pycache__, *.pyc, virtualenvs, node_modules, wandb, what each
+    .gitignore lists, and the patterns in DIRECTORY/.gpurunignore (one per line; name, dir/,
+    /anchored, globs, ** across dirs). To the local host nothing is sent: its jobs run in the
+    directory you submit them from.
     """
     from orchestrator.cli.render import emit_json
-    from orchestrator.core.push import push_tree
+    from orchestrator.core.push import LOCAL_NOTE, push_tree
 
     out = push_tree(directory, host, remote_dir, dry_run=dry_run)
     if as_json:
         emit_json(out)
         return
+    if out["method"] == "none" and out["remote_dir"] is None:   # the local host: nothing to send, and why
+        click.echo(f"{out['host']}: nothing {'would be ' if dry_run else ''}sent: {LOCAL_NOTE}")
+        return
     verb = "would send" if dry_run else f"sent ({out['method']})"
     click.echo(f"{out['host']}: {verb} {out['local_dir']} -> {out['remote_dir']}")
-    files = out["files"] if out["files"] is not None else "?"
-    click.echo(f"  files: {files}  bytes: {out['bytes'] if out['bytes'] is not None else '?'}  "
-               f"code: {out['code_hash'][:19]}")
+    what = "" if dry_run or out["method"] != "rsync" else " (changed files only)"
+    click.echo(f"  files: {out['files']}  bytes: {out['bytes']:,}{what}  code: {out['code_hash'][:19]}")
     if out.get("fallback_reason"):
         click.echo(f"  note: {out['fallback_reason']}; used {out['method']}", err=True)

@@ -69,7 +69,7 @@ def _echo_pass(summary: dict) -> None:
 @click.command("pull")
 @host_option(help="Host from the inventory (default: $GPURUN_HOST or local).")
 @click.option("--job", "-j", "jobs", multiple=True, help="Only this job (id, name or number); repeatable.")
-@click.option("--dest", default=None, help="Local destination (default: pull.dest or ./gpurun-artifacts).")
+@click.option("--dest", default=None, help="Local destination (default: pull.dest, else artifacts/ in gpurun's data dir).")
 @click.option("--loop", is_flag=True, help="Repeat until the queue is done and everything is home.")
 @click.option("--interval", type=click.FloatRange(min=1), default=None,
               help="Seconds between passes with --loop (default: pull.interval_s or 60).")

@@ -35,7 +35,8 @@ def _dirs(tmp_path: Path) -> tuple[Path, Path]:
 def run_jobs(host: str, tmp_path: Path, *lines: str) -> list[dict]:
     q = tmp_path / "q.txt"
     q.write_text("".join(line + "\n" for line in lines))
-    res = gpurun("queue", "submit", str(q), "--host", host, "--wait")
+    # local jobs run where they are submitted: here, not in the checkout
+    res = gpurun("queue", "submit", str(q), "--host", host, "--wait", cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
     jobs = json.loads(gpurun("queue", "status", "--host", host, "--json").stdout)["jobs"]
     assert {j["state"] for j in jobs} == {"succeeded"}, jobs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,30 @@ def list_profiles() -> list[Profile]:
     return [load_profile(n) for n in available_names()]
 
 
+# Trap ids such as "(RP1)" or "(GEN1, GEN6)" point into the design notes: for developers, not users
+_TRAP_ID = r"(?:RP|VAST|LAM|PS|GEN|ADL|AD|LOC)\d+[a-z]?"
+TRAP_IDS = re.compile(r"\s*\(" + _TRAP_ID + r"(?:,\s*" + _TRAP_ID + r")*\)")
+
+
+def for_users(text: str) -> str:
+    """``text`` without the design notes' trap ids."""
+    return TRAP_IDS.sub("", text)
+
+
+def public_docs(p: Profile) -> list[str]:
+    """The provider's public documentation: the ``sources`` that are web addresses (the
+    others name internal research notes and are not shown to users)."""
+    return [s for s in p.data.get("sources") or [] if re.match(r"https?://\S+$", str(s))]
+
+
 def plain_words(p: Profile) -> dict[str, list[str]]:
-    """The provider's money and data traps as sentences, for ``profiles show`` and ``setup``."""
+    """The provider's money and data traps as sentences, for ``profiles show`` and ``setup``
+    (no internal trap ids), and ``docs``: the provider's public documentation."""
+    out = _plain_words(p)
+    return dict({k: [for_users(x) for x in v] for k, v in out.items()}, docs=public_docs(p))
+
+
+def _plain_words(p: Profile) -> dict[str, list[str]]:
     d = p.data
     ms, de = d["meter_stop"], d["destroy"]
     rev = "IRREVERSIBLE" if ms["irreversible"] else "reversible"

@@ -71,8 +71,8 @@ def show_cmd(name: str, as_json: bool) -> None:
     d, plain = doc["profile"], doc["plain"]
     out = [f"{doc['name']}: {d['description']}",
            f"  kind {d['kind']}; facts checked {d['checked']}; from {', '.join(doc['layers'])}"]
-    for s in d["sources"]:
-        out.append(f"  source: {s}")
+    # only public links: the other sources name internal research notes
+    out += [f"  docs: {url}" for url in plain.get("docs") or []]
     if d["ssh"]:
         ssh = d["ssh"]
         out.append(f"SSH: {ssh['form']}")

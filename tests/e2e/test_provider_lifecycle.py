@@ -143,7 +143,9 @@ def test_up_submit_preempt_recover_pull_down(world):
     assert routes() == {} and fake.state_of(rec["new_instance_id"]) == "running"
 
     home = ok("pull", "--host", "pod-r1", "--json")
-    assert home["done"] and (dest / "pod-r1" / job_id / "PULL_VERIFIED.json").exists()
+    folder = Path(home["jobs"][0]["dir"])   # <job name>-<short id>
+    assert folder.parent == dest / "pod-r1" and folder.name.endswith("-" + job_id[:6])
+    assert home["done"] and (folder / "PULL_VERIFIED.json").exists()
     down = gpurun("down", "pod-r1", "--yes", "--json")
     assert down.returncode == 0, down.stderr
     assert json.loads(down.stdout)["decision"] == "proceeded"

@@ -9,10 +9,10 @@ import time
 
 import click
 
+from orchestrator.cli.options import host_option
 from orchestrator.cli.render import console, emit_json, human_duration
 
-HOST_OPT = click.option("--host", "host", default=None, metavar="NAME",
-                        help="Host to act on (default: local, or $GPURUN_HOST).")
+HOST_OPT = host_option()
 
 
 @click.group()
@@ -23,7 +23,7 @@ def agent() -> None:
 @agent.command()
 @HOST_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print {host, running, pid, build, agent, started_at, "
-              "uptime_s, jobs: {queued, running}, state_dir, idle_exit_minutes, last_activity}.")
+              "uptime_s, jobs: {queued, running}, state_dir, idle_exit_minutes, last_activity, process}.")
 def status(host: str | None, as_json: bool) -> None:
     """The agent daemon on a host: pid, build, uptime, jobs queued and running, state dir."""
     from orchestrator.core import agents as core
@@ -38,6 +38,10 @@ def status(host: str | None, as_json: bool) -> None:
                   f"up {human_duration(st.uptime_s) or '?'})")
     else:
         say(f"agent on {st.host}: [dim]not running[/] (the next gpurun command for {st.host} starts it)")
+    if st.process:
+        rss = st.process.get("rss_bytes")
+        say(f"  process    {rss / 2**20:.0f} MB resident, {st.process.get('cpu_pct')}% CPU, "
+            f"{st.process.get('threads')} threads" if rss is not None else "  process    (not readable)")
     say(f"  jobs       {st.queued} queued, {st.running_jobs} running")
     say(f"  state dir  {st.state_dir}")
     if st.idle_exit_minutes:

@@ -33,12 +33,14 @@ class AgentStatus:
     state_dir: str
     idle_exit_minutes: Optional[float]
     last_activity: Optional[float]
+    process: Optional[dict] = None  # this machine's daemon only: {rss_bytes, cpu_pct, threads} (psutil)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "running": self.running, "pid": self.pid, "build": self.build,
                 "agent": self.agent, "started_at": self.started_at, "uptime_s": self.uptime_s,
                 "jobs": {"queued": self.queued, "running": self.running_jobs}, "state_dir": self.state_dir,
-                "idle_exit_minutes": self.idle_exit_minutes, "last_activity": self.last_activity}
+                "idle_exit_minutes": self.idle_exit_minutes, "last_activity": self.last_activity,
+                "process": self.process}
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,16 @@ def status(host: Optional[str] = None) -> AgentStatus:
 
     entry = hostinv.get_host(host)
     with open_session(host=entry) as s:
-        return _status(entry["name"], dict(s.agent_info()))
+        st = _status(entry["name"], dict(s.agent_info()))
+    if entry.get("kind", "local") == "local" and st.running and st.pid:
+        # the daemon runs on this machine: what it costs, read by psutil (a remote box has no psutil)
+        from dataclasses import replace
+
+        from orchestrator.core.localhost import process
+        proc = process(st.pid)
+        if proc is not None:
+            st = replace(st, process={k: proc[k] for k in ("rss_bytes", "cpu_pct", "threads")})
+    return st
 
 
 def stop(host: Optional[str] = None, *, force: bool = False,

@@ -59,6 +59,10 @@ def test_status_and_stop_through_the_cli(home: Path, tmp_path: Path):
     assert st["jobs"] == {"queued": 1, "running": 1} and st["idle_exit_minutes"] == 30
     human = gpurun("agent", "status").stdout
     assert f"pid {st['pid']}" in human and "1 queued, 1 running" in human and st["state_dir"] in human
+    # the local daemon's own cost, read on this machine by psutil
+    assert st["process"]["rss_bytes"] > 1 << 20 and st["process"]["threads"] >= 1
+    assert "MB resident" in human and "% CPU" in human
+    assert gpurun("agent", "status", "-H", "local", "--json").returncode == 0
 
     refused = gpurun("agent", "stop")  # no TTY here: refuses rather than leave jobs unwatched
     assert refused.returncode == 2 and "1 job(s) running on local (long)" in refused.stderr

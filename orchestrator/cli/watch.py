@@ -80,6 +80,8 @@ def json_host(h: dict) -> dict:
         "jobs": h["jobs"],
         "findings": [{k: f.get(k) for k in ("code", "severity", "job_id", "message")} for f in h["findings"]],
         "findings_at": iso(h.get("findings_at")),
+        "system": h.get("system") or {},
+        "finished_total": h.get("finished_total"),
     }
 
 

@@ -51,7 +51,9 @@ def test_watch_once_without_gpu(no_gpu_env):
     assert "local" in res.stdout and "no NVIDIA GPU here" in res.stdout and "no jobs" in res.stdout
     doc = json.loads(gpurun("watch", "--once", "--json").stdout)
     (h,) = doc["hosts"]
-    assert set(h) == {"host", "ok", "error", "elapsed_s", "time", "gpu", "jobs", "findings", "findings_at", "cost"}
+    assert set(h) == {"host", "ok", "error", "elapsed_s", "time", "gpu", "jobs", "findings", "findings_at", "cost",
+                      "system", "finished_total"}
+    assert h["system"]["load"]["mem_total_bytes"] > 0 and h["finished_total"] == 0
     assert h["cost"] is None  # only rented hosts have a price
     assert h["ok"] is True and h["gpu"]["available"] is False and "libnvidia-ml" in h["gpu"]["no_driver"]
 

@@ -53,7 +53,8 @@ def _headline(a: Assessment, host: str, out: Path) -> list[str]:
 @click.option("--without-artifacts", is_flag=True,
               help="Stop even though artifacts are not verified at home (asks you to type the host name).")
 @click.option("--dry-run", is_flag=True, help="Check the gate and say what would happen; change nothing.")
-@click.option("--dest", default=None, help="Where `gpurun pull` put the artifacts (default: where the last pull of this host went, else pull.dest, else the data dir).")
+@click.option("--dest", default=None, help="Where `gpurun pull` put the artifacts (default: where the last pull "
+              "of this host went, else pull.dest, else the data dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
 def down(host: str, yes: bool, without_artifacts: bool, dry_run: bool, dest: Optional[str],
          as_json: bool) -> None:

@@ -67,6 +67,7 @@ def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Op
 def _human(out: dict[str, Any]) -> None:
     from orchestrator.cli.render import console
     con = console()
+    con.soft_wrap = True  # paths and hints stay whole lines: piped or in 80 columns, never cut mid-word
     head = "[%s]%s[/]  %s" % (VERDICT_STYLE[out["verdict"]], out["verdict"], out["reason"])
     con.print(head)
     src = out.get("source") or ""

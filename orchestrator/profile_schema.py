@@ -124,7 +124,12 @@ SCHEMA = Obj({
     "quality": Obj({"action": Str(required=True, choices=("alert", "stop", "ignore")),
                     "intervals_s": List(Num(minimum=1)), "primary": Str(), "lr_schedule": Str(),
                     "loss_bounded_below": Bool(), "reviewer_command": Str(), "reviewer_timeout_s": Num(minimum=1),
-                    "gate_reviewer": Bool(), "baseline": Map(Num())},
+                    "gate_reviewer": Bool(), "baseline": Map(Num()),
+                    # an OpenAI-compatible chat endpoint asked on ambiguous verdicts (quality/reviewer.py);
+                    # key_env names the secret (gpurun secret set NAME) or env var: never the key itself
+                    "reviewer": Obj({"base_url": Str(required=True, check=_URL),
+                                     "model": Str(required=True, check=_NONEMPTY),
+                                     "key_env": Str(check=_ENV_NAME), "timeout_s": Num(minimum=1, maximum=600)})},
                    required=True),
     "recovery": Obj({"on_preempt": Str(required=True, choices=("wait", "restart", "replace"))},
                     required=True),

@@ -215,6 +215,11 @@ class CheckRequest(TypedDict, total=False):
     primary: Optional[List[str]]
     baseline: Optional[Dict[str, Any]]
     upto_checkpoint: bool
+    # asked on an ambiguous verdict, over the host config's quality.reviewer / reviewer_command:
+    # {base_url, model, key_env, timeout_s}: the key's NAME only; the box reads the key itself
+    reviewer: Optional[Dict[str, Any]]
+    reviewer_command: Optional[str]
+    reviewer_timeout_s: Optional[float]
 
 
 class CheckReply(TypedDict):

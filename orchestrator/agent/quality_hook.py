@@ -66,8 +66,48 @@ def _tracker(job: dict, targets: List[str]) -> Tracker:
     return ent[1]
 
 
-def periodic_check(store, job: dict, now: float, config: dict) -> dict:
-    """Judge one running job; returns {verdict, summary, stop, interval_s, findings, evidence_path}."""
+def key_lookup(state_dir: Optional[str]):
+    """NAME -> the reviewer's key on this box: the agent's secrets file (``gpurun secret set``),
+    then the environment. The key is handed to the request and kept nowhere else."""
+    def lookup(name: str) -> Optional[str]:
+        val = None
+        if state_dir:
+            try:
+                from orchestrator.agent import secrets  # owned by `gpurun secret`; absent on older agents
+                val = secrets.load(state_dir).get(name)
+            except (ImportError, OSError, ValueError, AttributeError):
+                val = None
+        return val or os.environ.get(name)
+    return lookup
+
+
+def with_reviewer(opts: dict, job: dict, state_dir: Optional[str]) -> dict:
+    """``opts`` plus what the reviewer needs on the box: the run's name and the key lookup."""
+    if opts.get("reviewer") or opts.get("reviewer_command"):
+        opts = dict(opts, run_id="%s (job %s, attempt %s)" % (job.get("name"), job["id"], job.get("attempt")),
+                    reviewer_key=key_lookup(state_dir))
+    return opts
+
+
+def record_review(store, job: dict, run, verdict: dict, kind: str) -> Optional[str]:
+    """Keep a reviewer's question and answer (never the key) in the job's evidence and as a
+    ``reviewer`` event; returns the evidence path."""
+    rec = verdict.get("reviewer")
+    if not rec:
+        return None
+    path = save_evidence(job, run, verdict, "reviewer", check=kind)
+    data = dict(rec, evidence=path, check=kind)
+    store.add_event(job["id"], "reviewer", "warn" if rec.get("answer") == "STOP" else "info",
+                    "reviewer (%s) answered %s on %s%s" % (rec.get("model") or rec.get("kind"), rec.get("answer"),
+                                                            rec.get("in_doubt"),
+                                                            (": " + rec["note"]) if rec.get("note") else ""), data)
+    return path
+
+
+def periodic_check(store, job: dict, now: float, config: dict, state_dir: Optional[str] = None) -> dict:
+    """Judge one running job; returns {verdict, summary, stop, interval_s, findings, evidence_path}.
+    An ambiguous verdict asks ``quality.reviewer`` (key from ``state_dir``'s secrets, default the
+    store's directory) and keeps the question and answer as evidence and a ``reviewer`` event."""
     ladder = check_intervals(config)
     st = store.kv_get(_key(job)) or {}
     if st.get("attempt") != job.get("attempt"):
@@ -80,8 +120,12 @@ def periodic_check(store, job: dict, now: float, config: dict) -> dict:
         store.add_event(job["id"], "quality", "warn", "quality config ignored: %s" % exc)
     tr = _tracker(job, targets)
     run = tr.update()
+    opts = with_reviewer(opts, job, state_dir or os.path.dirname(getattr(store, "path", "") or ""))
     verdict = J.judge(run, opts, tr.problems if not tr.readable() else None)
-    anomaly = any(f["severity"] in ("warn", "stop") for f in verdict["findings"])
+    review_path = record_review(store, job, run, verdict, "periodic")
+    # a reviewer's CONTINUE on an ambiguous check counts as healthy for the cadence (the seed)
+    anomaly = any(f["severity"] in ("warn", "stop") for f in verdict["findings"]) and \
+        (verdict.get("reviewer") or {}).get("answer") != "CONTINUE"
     idx = int(st.get("idx", 0))
     if anomaly or verdict["verdict"] == "STOP":
         idx = 0
@@ -90,7 +134,8 @@ def periodic_check(store, job: dict, now: float, config: dict) -> dict:
     interval = ladder[min(idx, len(ladder) - 1)]
     summary = verdict["reason"]
     res = {"verdict": verdict["verdict"], "summary": summary, "stop": False, "interval_s": interval,
-           "findings": verdict["findings"], "source": tr.active, "evidence_path": None}
+           "findings": verdict["findings"], "source": tr.active, "evidence_path": None,
+           "reviewer": verdict.get("reviewer"), "review_path": review_path}
     action = (opts.get("action") or "alert").lower()
     codes = sorted({f["code"] for f in verdict["findings"] if f["severity"] in ("warn", "stop")})
     if verdict["verdict"] == "STOP":
@@ -122,8 +167,9 @@ def checkpoint_step(job: dict) -> Optional[float]:
     return float(step) if step is not None else None
 
 
-def resume_gate(job: dict, config: dict) -> dict:
-    """May this job be restarted? {allowed, verdict, evidence_path, summary, checkpoint_step}."""
+def resume_gate(job: dict, config: dict, state_dir: Optional[str] = None) -> dict:
+    """May this job be restarted? {allowed, verdict, evidence_path, summary, checkpoint_step}.
+    ``state_dir``: where the reviewer's key is looked up (else the environment only)."""
     targets = metrics_targets(job)
     ck = checkpoint_step(job)
     if ck is not None and job.get("checkpoints"):
@@ -136,6 +182,8 @@ def resume_gate(job: dict, config: dict) -> dict:
         opts = {}
     if ((config or {}).get("quality") or {}).get("gate_reviewer") is False:
         opts.pop("reviewer_command", None)
+        opts.pop("reviewer", None)
+    opts = with_reviewer(opts, job, state_dir)
     if not targets:
         return {"allowed": True, "verdict": "WAIT", "evidence_path": None, "checkpoint_step": ck,
                 "summary": "no metrics found for this job"}

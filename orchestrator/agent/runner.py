@@ -283,7 +283,7 @@ class Runner:
             return True
         from orchestrator.agent.quality_hook import resume_gate  # the metric readers, only on a resume
         try:
-            res = resume_gate(job, self.config)
+            res = resume_gate(job, self.config, self.state_dir)
         except Exception as exc:  # an unreadable source is WAIT, never STOP
             self.store.add_event(job["id"], "gate", "warn", "resume gate could not judge: %s" % exc)
             return True

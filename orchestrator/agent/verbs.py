@@ -169,7 +169,7 @@ def _retry_gate(ctx: AgentContext, job: Dict[str, Any]) -> None:
         return  # never started (cancelled while queued): the runner gates only resumes
     from orchestrator.agent.quality_hook import resume_gate  # the metric readers, only on a retry
     try:
-        res = resume_gate(job, ctx.config)
+        res = resume_gate(job, ctx.config, ctx.state_dir)
     except Exception:  # noqa: BLE001 - the runner treats an unjudgeable source as allowed too
         return
     if res.get("allowed", True):

@@ -11,10 +11,11 @@ from typing import Any, Dict
 
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.protocol import BAD_INPUT, VerbError
-from orchestrator.agent.quality_hook import checkpoint_step, metrics_targets
+from orchestrator.agent.quality_hook import checkpoint_step, metrics_targets, record_review, with_reviewer
 from orchestrator.quality import judge as J
 from orchestrator.quality.options import normalize_baseline, opts_from_config, parse_primary
 from orchestrator.quality.plot import _points, sparkline
+from orchestrator.quality.reviewer import settings
 from orchestrator.quality.sources import Tracker
 
 
@@ -27,8 +28,17 @@ def v_check(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
             opts["primary"] = parse_primary(prim) if isinstance(prim, str) else (prim[0], prim[1])
         if req.get("baseline"):
             opts["baseline"] = normalize_baseline(req["baseline"])
-    except ValueError as exc:
-        raise VerbError(str(exc), BAD_INPUT, "fix the --primary / --baseline value")
+        if req.get("reviewer"):  # the request's reviewer wins over the host config's
+            opts["reviewer"] = settings(req["reviewer"])
+            opts.pop("reviewer_command", None)
+        if req.get("reviewer_command"):
+            opts["reviewer_command"] = str(req["reviewer_command"])
+            opts.pop("reviewer", None)
+        if req.get("reviewer_timeout_s"):
+            opts["reviewer_timeout_s"] = float(req["reviewer_timeout_s"])
+    except (TypeError, ValueError) as exc:
+        raise VerbError(str(exc), BAD_INPUT, "fix the --primary / --baseline / --reviewer-* value")
+    opts = with_reviewer(opts, job, ctx.state_dir)
     targets = metrics_targets(job)
     if not targets:
         out = J.judge(Tracker([]).run, opts, ["no metrics declared (metrics=) or found in %s" % job["run_dir"]])
@@ -36,6 +46,8 @@ def v_check(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     else:
         upto = checkpoint_step(job) if req.get("upto_checkpoint") else None
         out, run = J.judge_tracker(Tracker(targets), opts, upto)
+        if out.get("reviewer"):
+            out["reviewer"]["evidence"] = record_review(ctx.store, job, run, out, "check")
         main = run.main_loss()
         out["sparkline"] = sparkline(main)
         out["loss_points"] = [[a, b if b == b and abs(b) != float("inf") else str(b)]

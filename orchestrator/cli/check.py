@@ -31,10 +31,18 @@ VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold gr
 @click.option("--regex", "user_regex", help="Your own line regex with named groups, e.g. '(?P<step>\\d+) (?P<loss>\\S+)'.")
 @click.option("--upto-step", type=float, help="Judge only the history up to this step (the resume gate's view).")
 @click.option("--reviewer", help="Command that gets the JSON summary on stdin for ambiguous cases.")
+@click.option("--reviewer-url", metavar="URL",
+              help="OpenAI-compatible endpoint asked on ambiguous verdicts, e.g. https://api.openai.com/v1.")
+@click.option("--reviewer-model", metavar="MODEL", help="The reviewer's model name (with --reviewer-url).")
+@click.option("--reviewer-key-env", metavar="NAME",
+              help="Variable holding the reviewer's key: here for SOURCE, the host's secret or environment with --job.")
+@click.option("--reviewer-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Give up on the reviewer after this long (then WAIT); default 60.")
 @click.pass_context
 def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Optional[str], primary: Optional[str],
           plot: Optional[str], host: Optional[str], job: Optional[str], user_regex: Optional[str],
-          upto_step: Optional[float], reviewer: Optional[str]) -> None:
+          upto_step: Optional[float], reviewer: Optional[str], reviewer_url: Optional[str],
+          reviewer_model: Optional[str], reviewer_key_env: Optional[str], reviewer_timeout: Optional[float]) -> None:
     """Judge a training run: STOP, CONTINUE or WAIT, with reasons and hints.
 
     SOURCE is a metrics file (JSONL, CSV, trainer_state.json, a log, a TensorBoard event file,
@@ -43,7 +51,7 @@ def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Op
     """
     from orchestrator.core import check as core
     core.check_plot_path(plot)
-    opts = core.options(primary, baseline, reviewer)
+    opts = core.options(primary, baseline, reviewer, reviewer_url, reviewer_model, reviewer_key_env, reviewer_timeout)
     if job or host:
         if not job or source:
             raise BadInput("use either SOURCE, or --job NAME [--host H]",
@@ -85,5 +93,11 @@ def _human(out: dict[str, Any]) -> None:
         con.print("  [%s]%-5s[/] %s at step %s" % (style, f["severity"], f["code"], f["step"]))
         if f.get("hint") and f["severity"] != "info":
             con.print("        [dim]hint:[/] %s" % f["hint"])
+    rev = out.get("reviewer")
+    if rev:
+        con.print("[dim]reviewer:[/] %s answered %s on %s%s" % (rev.get("model") or rev.get("kind"), rev.get("answer"),
+                                                                rev.get("in_doubt"),
+                                                                (" (%s)" % rev["note"]) if rev.get("note") else ""),
+                  markup=True)
     if out.get("plot"):
         con.print("[dim]plot:[/] %s" % out["plot"])

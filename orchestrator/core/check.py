@@ -23,10 +23,15 @@ def exit_code(verdict: str) -> int:
 
 
 def options(primary: Optional[str] = None, baseline: Optional[str] = None,
-            reviewer: Optional[str] = None) -> dict[str, Any]:
-    """The judge's options from ``--primary METRIC:min|max``, ``--baseline FILE`` and
-    ``--reviewer CMD``. Raises BadInput naming the bad value."""
+            reviewer: Optional[str] = None, reviewer_url: Optional[str] = None,
+            reviewer_model: Optional[str] = None, reviewer_key_env: Optional[str] = None,
+            reviewer_timeout: Optional[float] = None) -> dict[str, Any]:
+    """The judge's options from ``--primary METRIC:min|max``, ``--baseline FILE``, ``--reviewer
+    CMD`` (a command) or ``--reviewer-url/--reviewer-model/--reviewer-key-env`` (an
+    OpenAI-compatible endpoint; the key's NAME, never the key). Raises BadInput naming the bad
+    value."""
     from orchestrator.quality.options import load_baseline, parse_primary
+    from orchestrator.quality.reviewer import settings
 
     opts: dict[str, Any] = {}
     try:
@@ -38,6 +43,26 @@ def options(primary: Optional[str] = None, baseline: Optional[str] = None,
         raise BadInput(str(exc), "see `gpurun check --help` for the accepted forms")
     if reviewer:
         opts["reviewer_command"] = reviewer
+    if reviewer and (reviewer_url or reviewer_model):
+        raise BadInput("--reviewer CMD and --reviewer-url/--reviewer-model are two kinds of reviewer: pick one",
+                       "an OpenAI-compatible endpoint: --reviewer-url URL --reviewer-model M --reviewer-key-env NAME")
+    if reviewer_url or reviewer_model or reviewer_key_env:
+        if not (reviewer_url and reviewer_model):
+            raise BadInput("--reviewer-url and --reviewer-model go together",
+                           "e.g. --reviewer-url https://api.openai.com/v1 --reviewer-model gpt-4o "
+                           "--reviewer-key-env OPENAI_API_KEY")
+        try:
+            opts["reviewer"] = settings({"base_url": reviewer_url, "model": reviewer_model,
+                                         "key_env": reviewer_key_env, "timeout_s": reviewer_timeout})
+        except ValueError as exc:
+            msg = str(exc)
+            for field, flag in (("base_url", "url"), ("model", "model"), ("key_env", "key-env"),
+                                ("timeout_s", "timeout")):
+                msg = msg.replace("quality.reviewer." + field, "--reviewer-" + flag)
+            raise BadInput(msg,
+                           "--reviewer-key-env takes the NAME of the variable (or secret) holding the key")
+    if reviewer_timeout:
+        opts["reviewer_timeout_s"] = float(reviewer_timeout)
     return opts
 
 
@@ -72,7 +97,13 @@ def check_local(source: str, opts: Optional[dict] = None, *, upto_step: Optional
             re.compile(user_regex)
         except re.error as exc:
             raise BadInput("--regex: %s" % exc, "use named groups: (?P<step>\\d+) ... (?P<loss>[\\d.eE+-]+|nan)")
-    out, run = check_run(source, opts or {}, upto_step, user_regex)
+    rev = (opts or {}).get("reviewer")
+    if rev and rev.get("key_env") and not os.environ.get(rev["key_env"]):
+        raise BadInput("--reviewer-key-env %s: %s is not set in this shell" % (rev["key_env"], rev["key_env"]),
+                       "export %s=... first (a check on a host reads it from `gpurun secret set %s --host H`)"
+                       % (rev["key_env"], rev["key_env"]))
+    opts = dict(opts or {}, run_id=source) if rev or (opts or {}).get("reviewer_command") else (opts or {})
+    out, run = check_run(source, opts, upto_step, user_regex)
     out["sparkline"] = sparkline(run.main_loss())
     return out, run
 
@@ -89,6 +120,12 @@ def check_remote(host: Optional[str], job: str, opts: Optional[dict] = None, *,
            "baseline": {k: ({str(s): v for s, v in b.items()} if isinstance(b, dict) else b)
                         for k, b in (opts.get("baseline") or {}).items()} or None,
            "upto_checkpoint": upto_step is not None}
+    if opts.get("reviewer"):  # names only: the agent reads the key on the box (secret, then its environment)
+        req["reviewer"] = {k: opts["reviewer"][k] for k in ("base_url", "model", "key_env", "timeout_s")}
+    if opts.get("reviewer_command"):
+        req["reviewer_command"] = opts["reviewer_command"]
+    if opts.get("reviewer_timeout_s"):
+        req["reviewer_timeout_s"] = opts["reviewer_timeout_s"]
     with open_session(host) as s:
         out = dict(s.check(req))
     run = Run(out.get("source") or "")

@@ -8,12 +8,11 @@ collapse stop at once. An unreadable source is WAIT, never STOP.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from orchestrator.quality import reviewer as RV
 from orchestrator.quality import rules as R
 from orchestrator.quality import rules_aux as A
 from orchestrator.quality.series import Run, isfinite
@@ -35,7 +34,8 @@ EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 
 def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] = None) -> dict:
     """Judge ``run``. ``opts``: primary (name, "min"|"max"), baseline, lr_schedule,
-    loss_bounded_below, reviewer_command, reviewer_timeout_s."""
+    loss_bounded_below, reviewer (HTTP settings) + reviewer_key (NAME -> key), reviewer_command,
+    reviewer_timeout_s, run_id (named in the reviewer's question)."""
     opts = opts or {}
     findings: List[dict] = []
     for fn in RULES.values():
@@ -65,8 +65,10 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
         "series": sorted(run.series), "resumed": run.resumed, "restarts": [_n(r) for r in run.restarts],
         "unreadable": list(problems or []), "checker_version": VERSION,
     }
-    if verdict == "WAIT" and warns and opts.get("reviewer_command"):
-        _review(out, run, opts, warns[0])
+    if opts.get("reviewer") or opts.get("reviewer_command"):
+        doubt = RV.ambiguity(out, run.planned_steps, MIN_POINTS)
+        if doubt is not None:  # a clear STOP or CONTINUE never asks
+            RV.review(out, run, opts, doubt)
     return out
 
 
@@ -106,50 +108,11 @@ def _n(x):
     return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
-def review_payload(run: Run, verdict: dict, opts: dict, doubt: dict) -> dict:
-    """What the reviewer command reads on stdin."""
-    main = run.main_loss()
-    evals = {}
-    for name in sorted(run.series):
-        if name.startswith(("eval_", "val_")):
-            s = run.series[name]
-            evals[name] = [[_n(a), _j(b)] for a, b in zip(s.steps[-20:], s.values[-20:])]
-    return {"verdict_so_far": verdict["verdict"], "finding": doubt, "findings": verdict["findings"],
-            "recent_loss": [[_n(a), _j(b)] for a, b in zip(main.steps[-200:], main.values[-200:])] if main else [],
-            "evals": evals, "baseline": opts.get("baseline"),
-            "primary": list(opts["primary"]) if opts.get("primary") else None,
-            "source": run.source, "last_step": _n(run.last_step)}
+review_payload = RV.review_payload  # what the reviewer command reads on stdin
 
 
 def _j(v: float):
     return v if isfinite(v) else str(v)
-
-
-def _review(out: dict, run: Run, opts: dict, doubt: dict) -> None:
-    """Ask ``reviewer_command``; STOP/CONTINUE/WAIT on stdout wins, anything else is WAIT."""
-    cmd = opts["reviewer_command"]
-    timeout = float(opts.get("reviewer_timeout_s") or 60)
-    answer, note = "WAIT", ""
-    try:
-        p = subprocess.run(["/bin/sh", "-c", cmd], input=json.dumps(review_payload(run, out, opts, doubt)),
-                           capture_output=True, text=True, timeout=timeout)
-        words = (p.stdout or "").strip().split()
-        word = words[0].strip(".:!,").upper() if words else ""
-        if p.returncode == 0 and word in ("STOP", "CONTINUE", "WAIT"):
-            answer, note = word, " ".join(words[1:])[:200]
-        else:
-            note = "unusable reviewer answer (exit %d): %r" % (p.returncode, (p.stdout or "")[:80])
-    except subprocess.TimeoutExpired:
-        note = "reviewer timed out after %gs" % timeout
-    except OSError as exc:
-        note = "reviewer could not run: %s" % exc
-    out["findings"].append({"code": "reviewer", "severity": "info", "step": doubt.get("step"), "series": "",
-                            "evidence": {"answer": answer, "note": note, "in_doubt": doubt["code"]},
-                            "hint": "verdict given by quality.reviewer_command"})
-    out["reviewer"] = {"answer": answer, "note": note}
-    if answer != "WAIT":
-        out["verdict"] = answer
-        out["reason"] = "reviewer answered %s on %s%s" % (answer, doubt["code"], (": " + note) if note else "")
 
 
 def check(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,

@@ -98,6 +98,9 @@ def opts_from_config(config: Optional[dict], job: Optional[dict] = None) -> dict
     q.update(((config or {}).get("quality") or {}))
     opts = {k: q.get(k) for k in ("reviewer_command", "reviewer_timeout_s", "lr_schedule",
                                   "loss_bounded_below", "action")}
+    if q.get("reviewer"):
+        from orchestrator.quality.reviewer import settings
+        opts["reviewer"] = settings(q["reviewer"])
     prim = q.get("primary") or (job or {}).get("primary")
     if prim:
         opts["primary"] = parse_primary(prim) if isinstance(prim, str) else tuple(prim)

@@ -28,7 +28,7 @@ def local_entry(overrides: dict | None = None) -> dict:
     entry = {"name": "local", "profile": "local", "kind": "local",
              "state_dir": str(paths.local_state_dir("local")), "workdir": None, "slots": 1}
     if overrides:
-        entry.update({k: v for k, v in overrides.items() if k in ("slots", "expect_gpus", "gpus", "notify")})
+        entry.update({k: v for k, v in overrides.items() if k in ("slots", "expect_gpus", "gpus", "notify", "secrets")})
     return entry
 
 

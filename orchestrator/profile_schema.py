@@ -44,6 +44,8 @@ def Obj(fields: dict, **kw: Any) -> T: return T("obj", fields=fields, **kw)
 
 _ENV_NAME = (lambda v: re.fullmatch(r"[A-Z_][A-Z0-9_]*", v) is not None,
              "an environment variable NAME such as RUNPOD_API_KEY")
+_SECRET_NAME = (lambda v: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) is not None,
+                "a secret NAME such as WANDB_API_KEY (letters, digits and '_')")
 _URL = (lambda v: re.match(r"https?://[^\s]+$", v) is not None, "an http(s):// URL")
 _NONEMPTY = (lambda v: bool(v.strip()), "non-empty text")
 _MONTH = (lambda v: re.fullmatch(r"20\d\d-(0[1-9]|1[0-2])(-\d\d)?", v) is not None,
@@ -146,6 +148,9 @@ SCHEMA = Obj({
     # `local`, so a demo leaves nothing behind; absent/0 (never) on remote profiles, whose
     # watchdog and autostop must keep running on an idle box.
     "agent": Obj({"idle_exit_minutes": Num(minimum=0, nullable=True)}),
+    # Secret NAMES (`gpurun secret set NAME --host H`) every job on hosts of this profile gets
+    # in its environment unless its queue line says `secrets=`: names only, never values.
+    "secrets": List(Str(check=_SECRET_NAME)),
 })
 
 # A key NAME that holds a secret value rather than the name of an env var holding it.

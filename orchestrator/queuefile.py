@@ -3,6 +3,7 @@
     # comment
     python train.py --lr 3e-4
     [name=big gpus=2 retries=1 timeout=6h cwd=/data env.SEED=1 metrics=run/m.jsonl] python train.py
+    [secrets=WANDB_API_KEY,HF_TOKEN] python train.py   # names of `gpurun secret set` values, never values
 
 Blank lines and ``#`` comments are skipped; CRLF, a UTF-8 BOM and a missing final newline are
 fine. Values may be quoted shell-style (``name="my run"``). Each job has a stable id (from its
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from orchestrator.errors import QueueFileError
 
-KEYS = ("name", "gpus", "retries", "timeout", "cwd", "metrics", "checkpoints")
+KEYS = ("name", "gpus", "retries", "timeout", "cwd", "metrics", "checkpoints", "secrets")
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d)?$", re.I)
 UNITS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -40,6 +41,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     metrics: str | None = None
     checkpoints: str | None = None
+    secrets: list[str] | None = None  # None: the host's default; [] (``secrets=``): none
 
     @property
     def id(self) -> str:
@@ -94,6 +96,16 @@ def _apply(spec: JobSpec, token: str, where: str) -> None:
             raise QueueFileError(f"{where}: bad environment variable name {var!r}",
                                  "use letters, digits and '_' (not starting with a digit)")
         spec.env[var] = val
+        return
+    if key == "secrets":
+        names = [n.strip() for n in val.split(",") if n.strip()]
+        bad = [n for n in names if not ENV_KEY.match(n)]
+        if bad:
+            raise QueueFileError(f"{where}: bad secret name {bad[0]!r} in secrets=",
+                                 "list secret names separated by commas, each like an environment variable "
+                                 "name (letters, digits and '_', not starting with a digit): "
+                                 "secrets=WANDB_API_KEY,HF_TOKEN")
+        spec.secrets = list(dict.fromkeys(names))
         return
     if key not in KEYS:
         import difflib

@@ -36,6 +36,7 @@ def main(argv: list) -> int:
     from orchestrator.agent import AGENT_VERSION
     from orchestrator.agent.framing import frame
     from orchestrator.agent.protocol import ERROR_KINDS, INTERNAL, PROTOCOL_VERSION
+    req: dict = {}
     try:
         raw = sys.stdin.read()
         req = json.loads(raw) if raw.strip() else {}
@@ -55,10 +56,21 @@ def main(argv: list) -> int:
             out = {"ok": False, "error": {"kind": INTERNAL, "message": "%s: %s" % (type(exc).__name__, exc),
                                           "hint": "agent traceback follows in 'trace'",
                                           "trace": traceback.format_exc()}}
+    out = _redacted(out, state_dir, req.get("value") if verb == "secret_set" and isinstance(req, dict) else None)
     out.update(agent=AGENT_VERSION, protocol=PROTOCOL_VERSION)
     sys.stdout.write(frame(out))
     sys.stdout.flush()
     return 0
+
+
+def _redacted(out: dict, state_dir: str, extra: object = None) -> dict:
+    """The reply with every known secret value (and ``extra``, the value a ``secret_set``
+    brought) masked: logs, job fields, events, error messages and tracebacks alike."""
+    from orchestrator.agent import secrets
+    masks = secrets.values(state_dir)
+    if isinstance(extra, str) and len(extra) >= secrets.MIN_LEN:
+        masks = sorted(set(masks) | set(secrets.forms(extra)), key=len, reverse=True)
+    return secrets.redact_obj(out, masks) if masks else out
 
 
 def unpack_self() -> None:

@@ -50,6 +50,8 @@ class Daemon:
         fd = self._lock()
         if fd is None:
             return 0  # another daemon holds the lock: nothing to do
+        from orchestrator.agent.secrets import RedactingStream
+        sys.stderr = RedactingStream(sys.stderr, self.state_dir)  # agent.log never holds a secret value
         try:
             # the store first: a database from a newer agent is refused before this build claims the box
             store = Store(self.f["db"])

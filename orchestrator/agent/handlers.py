@@ -58,6 +58,32 @@ def _agent_stop(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     return v_agent_stop(ctx, req)
 
 
+def _secret_set(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    from orchestrator.agent import secrets
+    name = req.get("name")
+    try:
+        set_at = secrets.put(ctx.state_dir, name, req.get("value"))  # type: ignore[arg-type]
+    except ValueError as exc:  # the message names the secret, never its value
+        raise P.VerbError(str(exc), P.BAD_INPUT, secrets.NAME_HINT if not secrets.valid_name(name) else
+                          "set a value of at least %d characters" % secrets.MIN_LEN) from None
+    ctx.store.add_event(None, "secret_set", "info", "secret %s set" % name, {"notify": False})
+    return {"name": name, "set_at": set_at}
+
+
+def _secret_ls(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    from orchestrator.agent import secrets
+    return {"secrets": [{"name": n, "set_at": t} for n, t in sorted(secrets.names(ctx.state_dir).items())]}
+
+
+def _secret_rm(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    from orchestrator.agent import secrets
+    name = str(req.get("name") or "")
+    removed = secrets.valid_name(name) and secrets.remove(ctx.state_dir, name)
+    if removed:
+        ctx.store.add_event(None, "secret_rm", "info", "secret %s removed" % name, {"notify": False})
+    return {"name": name, "removed": bool(removed)}
+
+
 HANDLERS: Dict[str, Handler] = {
     P.SUBMIT.name: verbs.v_submit,
     P.STATUS.name: verbs.v_status,
@@ -73,6 +99,9 @@ HANDLERS: Dict[str, Handler] = {
     P.MARK_PULLED.name: _mark_pulled,
     P.AGENT_INFO.name: _agent_info,
     P.AGENT_STOP.name: _agent_stop,
+    P.SECRET_SET.name: _secret_set,
+    P.SECRET_LS.name: _secret_ls,
+    P.SECRET_RM.name: _secret_rm,
 }
 
 if set(HANDLERS) != set(P.VERBS):  # pragma: no cover - caught by tests/agent/test_protocol.py

@@ -82,6 +82,9 @@ MIGRATIONS: List[Tuple[int, str, List[str]]] = [
            END
            WHERE state NOT IN ('queued', 'succeeded')""",
     ]),
+    (3, "jobs.secrets: the NAMES (JSON list) of the box's secrets exported to the job at launch", [
+        "ALTER TABLE jobs ADD COLUMN secrets TEXT",
+    ]),
 ]
 
 LATEST = MIGRATIONS[-1][0]

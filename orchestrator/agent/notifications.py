@@ -69,7 +69,7 @@ def flush_notifications(ctx: AgentContext, now: Optional[float] = None) -> None:
     at the next watchdog tick."""
     _queue_done(ctx, time.time() if now is None else now)
     try:
-        notifier = notify.notifier_for(ctx.state_dir, ctx.config)
+        notifier = notify.notifier_for(ctx.state_dir, ctx.config, state_dir=ctx.state_dir)
     except ValueError as exc:
         if ctx.store.kv_get("notify.bad_config") != str(exc):
             ctx.store.kv_set("notify.bad_config", str(exc))

@@ -1,8 +1,9 @@
 """Webhook notifications from the agent: generic JSON, Slack, Feishu, DingTalk, WeCom.
 
 Config (host config ``notify``): ``[{kind: slack, url_env: SLACK_WEBHOOK_URL, min_severity: warn,
-secret_env: OPTIONAL_SIGNING_SECRET}]``. URLs and secrets are read from the named env vars at
-send time and never printed. Sends run on one background thread with a bounded queue and
+secret_env: OPTIONAL_SIGNING_SECRET}]``. URLs and signing secrets are read at send time from the
+box's secrets file (``gpurun secret set SLACK_WEBHOOK_URL --host H``, ``agent/secrets``) first,
+then from the agent's environment, and never printed; payloads are redacted of every secret. Sends run on one background thread with a bounded queue and
 bounded retries, so a dead endpoint never blocks the watchdog.
 """
 
@@ -112,9 +113,10 @@ class Notifier:
 
     def __init__(self, targets: List[Dict[str, Any]], env: Optional[Dict[str, str]] = None, *,
                  retries: int = 3, backoff_s: float = 2.0, timeout_s: float = 10.0, max_queue: int = 200,
-                 host: Optional[str] = None) -> None:
+                 host: Optional[str] = None, state_dir: Optional[str] = None) -> None:
         self.targets = validate(targets)
         self.env = env if env is not None else os.environ
+        self.state_dir = state_dir  # where ``gpurun secret set`` keeps the box's secrets
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.host = host
         self._q: "queue.Queue" = queue.Queue(maxsize=max_queue)
@@ -164,11 +166,28 @@ class Notifier:
                 del self.results[:-100]
             self._q.task_done()
 
+    def lookup(self, name: str) -> Optional[str]:
+        """A named value: the box's secret of that name first, then the environment."""
+        if self.state_dir:
+            from orchestrator.agent import secrets
+            value = secrets.cached(self.state_dir).get(name)
+            if value:
+                return value
+        return self.env.get(name) or None
+
     def _deliver(self, target: Dict[str, Any], event: Dict[str, Any]) -> Dict[str, Any]:
-        url = self.env.get(target["url_env"])
+        url = self.lookup(target["url_env"])
         if not url:
-            return {"ok": False, "attempts": 0, "error": "env var %s is not set" % target["url_env"]}
-        secret = self.env.get(target["secret_env"]) if target.get("secret_env") else None
+            name = target["url_env"]
+            return {"ok": False, "attempts": 0, "error": "env var %s is not set" % name if not self.state_dir else
+                    "%s is not set: neither a secret on this host (`gpurun secret set %s`) nor an environment "
+                    "variable of the agent" % (name, name)}
+        secret = self.lookup(target["secret_env"]) if target.get("secret_env") else None
+        if self.state_dir:  # no secret value leaves in a payload
+            from orchestrator.agent import secrets
+            masks = secrets.values(self.state_dir)
+            if masks:
+                event = secrets.redact_obj(event, masks)
         error = ""
         for attempt in range(1, self.retries + 1):
             body, query = render(target["kind"], event, secret)

@@ -72,6 +72,7 @@ class Job(TypedDict):
     pid: Optional[int]
     reason: Optional[str]
     stop_cause: Optional[str]
+    secrets: List[str]  # the NAMES of the box's secrets exported to the job (never values)
     submitted_at: float
     started_at: Optional[float]
     ended_at: Optional[float]
@@ -99,6 +100,7 @@ class JobSpec(TypedDict, total=False):
     metrics: Optional[str]
     checkpoints: Optional[str]
     source: Optional[str]
+    secrets: List[str]  # secret NAMES (``gpurun secret set``) the runner exports at launch
     attempt: int  # carried by a job moved from a lost box (`gpurun recover`)
 
 
@@ -279,6 +281,33 @@ class AgentStopReply(TypedDict):
     queued: int        # wait for the next command, which starts the agent again
 
 
+class SecretSetRequest(TypedDict):
+    name: str
+    value: str  # travels only in this request body (stdin), never in argv, a log or the store
+
+
+class SecretSetReply(TypedDict):
+    name: str
+    set_at: float
+
+
+class SecretLsRequest(TypedDict, total=False):
+    pass
+
+
+class SecretLsReply(TypedDict):
+    secrets: List[Dict[str, Any]]  # {name, set_at}: names only, never values
+
+
+class SecretRmRequest(TypedDict):
+    name: str
+
+
+class SecretRmReply(TypedDict):
+    name: str
+    removed: bool  # False: no secret of that name was set
+
+
 class Verb:
     """A verb's name, its request and reply shapes, and whether the client's first call of a
     session may start the daemon with it (``agent_info`` and ``agent_stop`` must not)."""
@@ -312,6 +341,10 @@ MANIFEST = Verb("manifest", ManifestRequest, ManifestReply)
 MARK_PULLED = Verb("mark_pulled", MarkPulledRequest, MarkPulledReply)
 AGENT_INFO = Verb("agent_info", AgentInfoRequest, AgentInfoReply, starts_daemon=False)
 AGENT_STOP = Verb("agent_stop", AgentStopRequest, AgentStopReply, starts_daemon=False)
+SECRET_SET = Verb("secret_set", SecretSetRequest, SecretSetReply, starts_daemon=False)
+SECRET_LS = Verb("secret_ls", SecretLsRequest, SecretLsReply, starts_daemon=False)
+SECRET_RM = Verb("secret_rm", SecretRmRequest, SecretRmReply, starts_daemon=False)
 
 VERBS: Dict[str, Verb] = {v.name: v for v in (SUBMIT, STATUS, LOGS, CANCEL, RETRY, EVENTS, GPU, REAP, SNAPSHOT,
-                                               CHECK, MANIFEST, MARK_PULLED, AGENT_INFO, AGENT_STOP)}
+                                               CHECK, MANIFEST, MARK_PULLED, AGENT_INFO, AGENT_STOP,
+                                               SECRET_SET, SECRET_LS, SECRET_RM)}

@@ -296,16 +296,42 @@ class Runner:
                                  {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")})
         return False
 
+    def _secrets(self, job: dict) -> Optional[tuple]:
+        """``(secrets to export, secret names to drop from the inherited environment)``: the
+        secrets the job asked for by name, read from the box's 0600 file at launch (a ``stat``
+        when unchanged); a job that asked for none inherits none. A secret that is not set fails
+        the job, naming it (never a value), without spending an attempt; None then."""
+        from orchestrator.agent import secrets
+        found, gone, hide = secrets.for_job(self.state_dir, job.get("secrets") or [])
+        if not gone:
+            return found, hide
+        import shlex
+        host = shlex.quote(str(self.config.get("host") or "HOST"))
+        why = "secret%s %s %s not set on this host; set %s with %s, then `gpurun queue retry %s`" % (
+            "s" if len(gone) > 1 else "", ", ".join(gone), "are" if len(gone) > 1 else "is",
+            "them" if len(gone) > 1 else "it",
+            " and ".join("`gpurun secret set %s --host %s`" % (n, host) for n in gone), shlex.quote(job["name"]))
+        if self.store.transition(job["id"], [S.QUEUED], S.FAILED, ended_at=time.time(), reason=why):
+            self.store.add_event(job["id"], "failed", "error", "job %s failed: %s" % (job["name"], why))
+        return None
+
     def _launch(self, job: dict, gpu_ids: List[int]) -> bool:
         attempt = job["attempt"] + 1
         now = time.time()
+        secret_env = self._secrets(job)
+        if secret_env is None:
+            return False
+        secret_env, hidden = secret_env
         if not self.store.transition(job["id"], [S.QUEUED], S.RUNNING, attempt=attempt, gpu_ids=gpu_ids,
                                      started_at=now, ended_at=None, exit_code=None, pid=None,
                                      boot_id=self.boot, reason=None, stop_cause=None):
             return False
         os.makedirs(job["run_dir"], exist_ok=True)
         env = dict(os.environ)
+        for name in hidden:  # a secret the job did not ask for, inherited by the daemon, stays out
+            env.pop(name, None)
         env.update({k: str(v) for k, v in (job["env"] or {}).items()})
+        env.update(secret_env)
         env.update({
             "GPURUN_JOB_ID": job["id"], "GPURUN_JOB_NAME": job["name"], "GPURUN_RUN_DIR": job["run_dir"],
             "GPURUN_ATTEMPT": str(attempt), procs.MARKER: procs.token(job["id"], attempt),

@@ -10,15 +10,18 @@ date and refuses one written by a newer agent (``StoreTooNew``).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from typing import Any, Iterable, Optional
 
 from orchestrator.agent import states as S
+from orchestrator.agent.secrets import redact, redact_obj
+from orchestrator.agent.secrets import values as secret_values
 from orchestrator.agent.migrations import LATEST as SCHEMA_VERSION  # noqa: F401  (re-exported)
 from orchestrator.agent.migrations import StoreTooNew, ensure_current  # noqa: F401  (StoreTooNew re-exported)
 
-JSON_COLS = ("env", "gpu_ids")
+JSON_COLS = ("env", "gpu_ids", "secrets")
 SEVERITIES = ("info", "warn", "error", "critical")
 EVENT_FIELDS = ("exit_code", "attempt", "reason", "stop_cause")  # copied into a state event's data
 
@@ -42,6 +45,13 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    def _masks(self) -> list:
+        """The box's secret values to keep out of the events (``agent/secrets``: one stat
+        when unchanged, nothing more when no secret is set). In-memory stores have none."""
+        if self.path == ":memory:":
+            return []
+        return secret_values(os.path.dirname(os.path.abspath(self.path)))
 
     # --- jobs ------------------------------------------------------------------------
     @staticmethod
@@ -80,11 +90,12 @@ class Store:
                 rows.append((j["id"], j["name"], j["command"], j.get("cwd"), json.dumps(j.get("env") or {}),
                              int(j.get("gpus") or 0), int(j.get("retries") or 0), j.get("timeout_s"),
                              j.get("metrics"), j.get("checkpoints"), j["run_dir"], j["log"],
-                             j.get("source"), now, int(j.get("attempt") or 0), int(j.get("attempt") or 0)))
+                             j.get("source"), now, int(j.get("attempt") or 0), int(j.get("attempt") or 0),
+                             json.dumps(list(j["secrets"])) if j.get("secrets") else None))
             cur.executemany(
                 "INSERT INTO jobs (id, name, command, cwd, env, gpus, retries, timeout_s,"
-                " metrics, checkpoints, run_dir, log, source, submitted_at, attempt, attempt_base)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                " metrics, checkpoints, run_dir, log, source, submitted_at, attempt, attempt_base, secrets)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
@@ -169,8 +180,13 @@ class Store:
     # --- events ----------------------------------------------------------------------
     def add_event(self, job_id: Optional[str], kind: str, severity: str, message: str,
                   data: Optional[dict] = None) -> int:
+        """Record an event; a known secret value in ``message`` or ``data`` is stored as ``***``."""
         if severity not in SEVERITIES:
             severity = "info"
+        masks = self._masks()
+        if masks:
+            message = redact(message, masks)
+            data = redact_obj(data, masks) if data else data
         cur = self.db.execute(
             "INSERT INTO events (ts, job_id, kind, severity, message, data) VALUES (?,?,?,?,?,?)",
             (time.time(), job_id, kind, severity, message, json.dumps(data, default=str) if data else None))

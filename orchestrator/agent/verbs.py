@@ -18,6 +18,8 @@ from orchestrator.agent import states as S
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.control import running_daemon, wake
 from orchestrator.agent.protocol import BAD_INPUT, CONFLICT, GATE_REFUSED, VerbError, wire_job
+from orchestrator.agent.secrets import held_back, redact
+from orchestrator.agent.secrets import values as secret_values
 
 
 def v_submit(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
@@ -71,7 +73,15 @@ def v_logs(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
             data = f.read(limit)
     except OSError:
         offset = max(offset, 0)
-    return {"job": wire_job(job), "data": data.decode("utf-8", "replace"), "offset": offset + len(data)}
+    text = data.decode("utf-8", "replace")
+    masks = secret_values(ctx.state_dir)  # a job that prints its key never gets it echoed
+    if masks and text:
+        cut = held_back(text, masks) if not S.is_terminal(job["state"]) else 0
+        if cut:  # the end may be a secret the job is still writing: the next read returns it whole
+            data = data[:len(data) - len(text[len(text) - cut:].encode("utf-8"))]
+            text = text[:len(text) - cut]
+        text = redact(text, masks)
+    return {"job": wire_job(job), "data": text, "offset": offset + len(data)}
 
 
 _CHUNK = 64 * 1024

@@ -40,6 +40,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "ls": ("orchestrator.cli.ls:ls", "List rented instances with state and cost."),
     "recover": ("orchestrator.cli.recover:recover", "Recover a preempted box: wait, restart or replace it."),
     "agent": ("orchestrator.cli.agent:agent", "Show or stop the agent daemon on a host."),
+    "secret": ("orchestrator.cli.secret:secret", "Put secrets on a host for jobs that ask for them by name."),
 }
 
 

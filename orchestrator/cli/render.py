@@ -81,7 +81,7 @@ def json_job(j: Job) -> dict[str, Any]:
     return {"id": j["id"], "number": j["seq"], "name": j["name"], "state": j["state"],
             "exit_code": j["exit_code"], "attempt": j["attempt"], "gpus": j["gpus"], "gpu_ids": j["gpu_ids"],
             "command": j["command"], "cwd": j["cwd"], "log": j["log"], "run_dir": j["run_dir"],
-            "reason": j["reason"], "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
+            "reason": j["reason"], "secrets": list(j.get("secrets") or []), "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
             "ended_at": iso(j["ended_at"])}
 
 

@@ -114,6 +114,17 @@ class AgentClient:
     def agent_stop(self, force: bool = False) -> P.AgentStopReply:
         return cast(P.AgentStopReply, self._call(P.AGENT_STOP, {"force": force}))
 
+    def secret_set(self, name: str, value: str) -> P.SecretSetReply:
+        """The value travels only in this request's body (the channel's stdin): never in argv,
+        and never recorded (no ``_remember``, no log)."""
+        return cast(P.SecretSetReply, self._call(P.SECRET_SET, {"name": name, "value": value}))
+
+    def secret_ls(self) -> P.SecretLsReply:
+        return cast(P.SecretLsReply, self._call(P.SECRET_LS, {}))
+
+    def secret_rm(self, name: str) -> P.SecretRmReply:
+        return cast(P.SecretRmReply, self._call(P.SECRET_RM, {"name": name}))
+
     def close(self) -> None:
         self.transport.close()
 

@@ -63,7 +63,8 @@ def plan_submit(file: str, host: Optional[str] = None, *, start: int = 1, slots:
     if slots is not None:
         hostinv.update_host(entry["name"], slots=slots)
         entry = hostinv.get_host(entry["name"])
-    jobs, warnings = to_jobs(specs, entry, file, cwd)
+    from orchestrator.core.secrets import default_names
+    jobs, warnings = to_jobs(specs, entry, file, cwd, default_secrets=default_names(entry))
     if not every:  # a queue of only comments is almost always the wrong file: say so
         warnings.append(f"{file} has no jobs (only comments and blank lines): nothing submitted")
     return SubmitPlan(entry, jobs, warnings)
@@ -118,8 +119,10 @@ def _resolve(base: str | None, path: str | None, local: bool) -> str | None:
     return posixpath.normpath(posixpath.join(base, path))
 
 
-def to_jobs(specs: list[JobSpec], host: dict, source: str, cwd: str | None = None) -> tuple[list[dict], list[str]]:
-    """Agent job rows for ``specs`` on ``host``; returns (jobs, warnings about duplicates)."""
+def to_jobs(specs: list[JobSpec], host: dict, source: str, cwd: str | None = None, *,
+            default_secrets: list[str] | None = None) -> tuple[list[dict], list[str]]:
+    """Agent job rows for ``specs`` on ``host``; returns (jobs, warnings about duplicates).
+    A job without ``secrets=`` asks for ``default_secrets`` (the host's or profile's names)."""
     local = host.get("kind", "local") == "local"
     base = cwd or (os.getcwd() if local else host.get("workdir"))
     jobs: list[dict] = []
@@ -139,6 +142,7 @@ def to_jobs(specs: list[JobSpec], host: dict, source: str, cwd: str | None = Non
             "retries": spec.retries, "timeout_s": spec.timeout_s,
             "metrics": _resolve(job_cwd, spec.metrics, local), "checkpoints": _resolve(job_cwd, spec.checkpoints, local),
             "source": f"{source}:{spec.line}",
+            "secrets": list(spec.secrets if spec.secrets is not None else default_secrets or []),
         })
     return jobs, warnings
 

@@ -46,7 +46,7 @@ def _dump(path: Path) -> dict:
     out = {}
     for table, key in (("jobs", "seq"), ("events", "id"), ("kv", "key")):
         rows = [dict(r) for r in db.execute("SELECT * FROM %s ORDER BY %s" % (table, key))]
-        out[table] = [{k: v for k, v in r.items() if k != "stop_cause"} for r in rows]
+        out[table] = [{k: v for k, v in r.items() if k not in ("stop_cause", "secrets")} for r in rows]
     db.close()
     return out
 
@@ -91,6 +91,8 @@ def test_old_box_opens_with_every_record_intact(tmp_path):
     assert _dump(path) == before                    # every old column of every row, byte for byte
     assert _pragma(path, "user_version") == [(LATEST,)]
     assert "stop_cause" in [c[1] for c in _pragma(path, "table_info(jobs)")]
+    assert "secrets" in [c[1] for c in _pragma(path, "table_info(jobs)")]
+    assert all(j["secrets"] == [] for j in jobs.values())  # an old job asked for no secret
     assert _pragma(path, "journal_mode") == [("wal",)]
 
     states = {jid: j["state"] for jid, j in jobs.items()}

@@ -86,6 +86,26 @@ def _split_block(raw: str, where: str) -> tuple[str, str]:
                          "write options as [name=x gpus=1] followed by the command")
 
 
+WANDB_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+WANDB_REF = re.compile(r"^wandb:(%s)/(%s)/(%s)$" % (WANDB_PART, WANDB_PART, WANDB_PART))
+WANDB_URL = re.compile(r"^https?://[^/]+/(%s)/(%s)/runs/(%s)/?(?:[?#].*)?$" % (WANDB_PART, WANDB_PART, WANDB_PART))
+
+
+def wandb_metrics(val: str, where: str) -> str | None:
+    """``metrics=wandb:ENTITY/PROJECT/RUN_ID`` (or the run's page URL): the reference, kept as
+    one (never a path); None when ``val`` names a file. A malformed reference is an error."""
+    url = WANDB_URL.match(val) if val.startswith(("http://", "https://")) else None
+    if url:
+        return "wandb:%s/%s/%s" % url.groups()
+    if not val.startswith("wandb:"):
+        return None
+    if WANDB_REF.match(val):
+        return val
+    raise QueueFileError(f"{where}: metrics={val!r} is not a W&B run reference",
+                         "write metrics=wandb:ENTITY/PROJECT/RUN_ID (three parts, as in the run's page "
+                         "https://wandb.ai/ENTITY/PROJECT/runs/RUN_ID), or a file path without 'wandb:'")
+
+
 def _apply(spec: JobSpec, token: str, where: str) -> None:
     if "=" not in token:
         raise QueueFileError(f"{where}: option {token!r} has no value", "write options as key=value, e.g. gpus=1")
@@ -113,6 +133,10 @@ def _apply(spec: JobSpec, token: str, where: str) -> None:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise QueueFileError(f"{where}: unknown option {key!r}",
                              hint + "valid options: " + ", ".join(KEYS) + ", env.NAME")
+    ref = wandb_metrics(val, where) if key == "metrics" else None
+    if ref:
+        spec.metrics = ref
+        return
     try:
         if key in ("gpus", "retries"):
             num = int(val)

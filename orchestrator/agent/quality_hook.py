@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Tuple
 from orchestrator.quality import judge as J
 from orchestrator.quality.options import check_intervals, opts_from_config
 from orchestrator.quality.plot import sparkline, write_plot
-from orchestrator.quality.sources import Tracker, discover
+from orchestrator.quality.sources import Tracker, discover, source_notes, wandb_runs
+from orchestrator.quality.wandb_reader import online_ref
 from orchestrator.quality.steps import newest_step
 
 _TRACKERS: Dict[str, Tuple[Tuple[str, ...], Tracker]] = {}  # job id -> (targets, tracker), daemon lifetime
@@ -29,6 +30,9 @@ def metrics_targets(job: dict, with_log: bool = True) -> List[str]:
     out: List[str] = []
     if job.get("metrics"):
         out.append(job["metrics"])
+    for p in wandb_targets(job):
+        if p not in out:
+            out.append(p)
     run_dir = job.get("run_dir")
     if run_dir and os.path.isdir(run_dir):
         for p in discover(run_dir):
@@ -37,6 +41,64 @@ def metrics_targets(job: dict, with_log: bool = True) -> List[str]:
     if with_log and out and job.get("log") and job["log"] not in out:
         out.append(job["log"])
     return out
+
+
+def _env_file_value(job: dict, name: str) -> Optional[str]:
+    """``name`` as the profile's ``<state_dir>/env.sh`` exports it to every job (run dirs are
+    ``<state_dir>/runs/<id>``); None when it does not."""
+    if not job.get("run_dir"):
+        return None
+    path = os.path.join(os.path.dirname(os.path.dirname(job["run_dir"])), "env.sh")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeError):
+        return None
+    import shlex
+    for line in reversed(lines):
+        if line.startswith("export %s=" % name):
+            try:
+                words = shlex.split(line[len("export "):])
+            except ValueError:
+                return None
+            return words[0].split("=", 1)[1] if words else None
+    return None
+
+
+def wandb_dirs(job: dict) -> List[str]:
+    """Where the job's W&B runs land: ``WANDB_DIR`` as the job sees it (its ``env.``, else the
+    profile's env.sh, else the agent's environment, else the run dir the runner sets), then its
+    working directory (W&B's own default)."""
+    wd = ((job.get("env") or {}).get("WANDB_DIR") or _env_file_value(job, "WANDB_DIR")
+          or os.environ.get("WANDB_DIR") or job.get("run_dir"))
+    dirs = [os.path.join(job.get("cwd") or "", os.path.expanduser(wd))] if wd else []
+    if job.get("cwd") and job["cwd"] not in dirs:
+        dirs.append(job["cwd"])
+    return dirs
+
+
+def wandb_targets(job: dict) -> List[str]:
+    """The newest W&B run each of ``wandb_dirs`` holds that was created after the job's current
+    attempt started (an older run of a shared dir is never taken for this one): its
+    ``.wandb`` file, preceded by its ``wandb:`` reference when it syncs online and this box's
+    Python has ``wandb`` (the API read first, the local file as its fallback)."""
+    since = job.get("started_at")
+    if not since:
+        return []
+    out: List[str] = []
+    for d in wandb_dirs(job):
+        for p in wandb_runs(d, since)[:1]:
+            ref = online_ref(p) if _has_wandb() else None
+            out.extend([ref, p] if ref else [p])
+    return out
+
+
+def _has_wandb() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("wandb") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _key(job: dict) -> str:
@@ -121,7 +183,7 @@ def periodic_check(store, job: dict, now: float, config: dict, state_dir: Option
     tr = _tracker(job, targets)
     run = tr.update()
     opts = with_reviewer(opts, job, state_dir or os.path.dirname(getattr(store, "path", "") or ""))
-    verdict = J.judge(run, opts, tr.problems if not tr.readable() else None)
+    verdict = source_notes(J.judge(run, opts, tr.problems if not tr.readable() else None), tr)
     review_path = record_review(store, job, run, verdict, "periodic")
     # a reviewer's CONTINUE on an ambiguous check counts as healthy for the cadence (the seed)
     anomaly = any(f["severity"] in ("warn", "stop") for f in verdict["findings"]) and \
@@ -134,15 +196,16 @@ def periodic_check(store, job: dict, now: float, config: dict, state_dir: Option
     interval = ladder[min(idx, len(ladder) - 1)]
     summary = verdict["reason"]
     res = {"verdict": verdict["verdict"], "summary": summary, "stop": False, "interval_s": interval,
-           "findings": verdict["findings"], "source": tr.active, "evidence_path": None,
+           "findings": verdict["findings"], "source": tr.active, "url": verdict["url"], "evidence_path": None,
            "reviewer": verdict.get("reviewer"), "review_path": review_path}
     action = (opts.get("action") or "alert").lower()
     codes = sorted({f["code"] for f in verdict["findings"] if f["severity"] in ("warn", "stop")})
     if verdict["verdict"] == "STOP":
         res["evidence_path"] = save_evidence(job, run, verdict, "periodic")
-        store.add_event(job["id"], "quality", "error", "quality check: STOP: %s" % summary,
+        store.add_event(job["id"], "quality", "error", "quality check: STOP: %s%s" % (
+                            summary, " (%s)" % verdict["url"] if verdict["url"] else ""),
                         {"verdict": "STOP", "findings": verdict["findings"], "evidence": res["evidence_path"],
-                         "action": action})
+                         "action": action, "source": tr.active, "url": verdict["url"]})
         res["stop"] = action == "stop"
     elif codes and codes != st.get("codes"):
         store.add_event(job["id"], "quality", "warn", "quality check: %s: %s" % (verdict["verdict"], summary),
@@ -152,7 +215,7 @@ def periodic_check(store, job: dict, now: float, config: dict, state_dir: Option
     store.kv_set(_key(job), {"attempt": job.get("attempt"), "idx": idx, "next_at": now + interval,
                              "last_step": run.last_step, "codes": codes, "checked_at": now,
                              "verdict": "unreadable" if verdict["unreadable"] else verdict["verdict"],
-                             "summary": summary})
+                             "summary": summary, "source": tr.active, "url": verdict["url"]})
     return res
 
 
@@ -191,9 +254,10 @@ def resume_gate(job: dict, config: dict, state_dir: Optional[str] = None) -> dic
     run = tr.update()
     if ck is not None:
         run = run.upto(ck)
-    verdict = J.judge(run, opts, tr.problems if not tr.readable() else None)
+    verdict = source_notes(J.judge(run, opts, tr.problems if not tr.readable() else None), tr)
     res = {"allowed": verdict["verdict"] != "STOP", "verdict": verdict["verdict"], "evidence_path": None,
-           "checkpoint_step": ck, "summary": verdict["reason"], "findings": verdict["findings"]}
+           "checkpoint_step": ck, "summary": verdict["reason"], "findings": verdict["findings"],
+           "source": tr.active, "url": verdict["url"]}
     if verdict["verdict"] == "STOP":
         res["evidence_path"] = save_evidence(job, run, verdict, "resume_gate", checkpoint_step=ck,
                                              source=tr.active)

@@ -339,6 +339,9 @@ class Runner:
         })
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+        # W&B writes its runs under the job's run dir, where the quality check looks, unless the
+        # user chose a dir (env. or the agent's environment; a profile's env.sh export wins too)
+        env.setdefault("WANDB_DIR", job["run_dir"])
         argv = self.agent_argv + ["jobwrap", started_path(job, attempt), exit_path(job, attempt), job["log"], job["cwd"] or "", job["command"]]
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -84,6 +84,8 @@ def _human(out: dict[str, Any]) -> None:
     con.print("[dim]source:[/] %s  [dim]format:[/] %s  [dim]last step:[/] %s  [dim]points:[/] %s%s"
               % (src, out.get("format") or "?", out.get("last_step"), out.get("points"),
                  "  [dim](resumed run)[/]" if out.get("resumed") else ""), markup=True)
+    if out.get("url"):
+        con.print("[dim]run:[/] %s" % out["url"], markup=True)
     if out.get("sparkline"):
         con.print("[dim]loss:[/] %s" % out["sparkline"])
     for p in out.get("unreadable") or []:

@@ -112,6 +112,8 @@ def status_all(max_workers: int = 32) -> list[dict[str, Any]]:
 def _resolve(base: str | None, path: str | None, local: bool) -> str | None:
     if path is None:
         return None
+    if path.startswith("wandb:"):  # a W&B run reference (queuefile checked it), never a path
+        return path
     if local:
         return os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(path)))
     if path.startswith("/") or path.startswith("~") or not base:

@@ -16,7 +16,7 @@ from orchestrator.quality import reviewer as RV
 from orchestrator.quality import rules as R
 from orchestrator.quality import rules_aux as A
 from orchestrator.quality.series import Run, isfinite
-from orchestrator.quality.sources import Tracker
+from orchestrator.quality.sources import Tracker, source_notes
 
 VERSION = "1"
 MIN_POINTS = 13  # the smallest (m + W) the divergence rule can judge
@@ -138,6 +138,7 @@ def judge_tracker(tr: Tracker, opts: Optional[dict] = None,
     out = judge(run, opts, tr.problems if not tr.readable() else None)
     out["source"] = tr.active
     out["format"] = tr.kind
+    source_notes(out, tr)
     return out, run
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import List, Optional
+import re
+import time
+from typing import Dict, List, Optional
 
 from orchestrator.quality.readers_text import CsvSource, LineSource, TrainerStateSource
 from orchestrator.quality.series import Run
 from orchestrator.quality.tfevents import TfEventsSource
-from orchestrator.quality.wandb_reader import WandbApiSource, WandbFileSource
+from orchestrator.quality.wandb_reader import WandbApiSource, WandbFileSource, file_url, ref_url
 
 # discovery order inside a run dir: structured metrics first, the job's own log last
 DISCOVER = ("metrics.jsonl", "*.jsonl", "checkpoint-*/trainer_state.json", "trainer_state.json",
@@ -55,6 +57,29 @@ def _newest(paths: List[str]) -> List[str]:
         except OSError:
             return 0.0
     return sorted(paths, key=key, reverse=True)
+
+
+_RUN_TIME = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-")
+
+
+def wandb_runs(base: str, since: Optional[float] = None) -> List[str]:
+    """The ``.wandb`` files of the runs under ``<base>/wandb/`` (W&B's layout for a working dir
+    or ``WANDB_DIR``), newest first; with ``since``, only runs created at or after it (by the
+    time in the run dir's name, local time as wandb writes it), so an older run of the same
+    directory is never taken for this job's."""
+    out = []
+    for d in glob.glob(os.path.join(base, "wandb", "run-*")) + glob.glob(os.path.join(base, "wandb", "offline-run-*")):
+        if os.path.islink(d) or not os.path.isdir(d):
+            continue
+        m = _RUN_TIME.match(os.path.basename(d))
+        try:
+            created = time.mktime(time.strptime(m.group(1), "%Y%m%d_%H%M%S")) if m else os.path.getctime(d)
+        except (ValueError, OSError, OverflowError):
+            continue
+        if since is not None and created < int(since) - 1:
+            continue
+        out.extend((created, f) for f in glob.glob(os.path.join(d, "run-*.wandb")) if os.path.isfile(f))
+    return [f for _, f in sorted(out, reverse=True)]
 
 
 def discover(run_dir: str) -> List[str]:
@@ -113,6 +138,9 @@ class Tracker:
         self.source = None
         self.run = Run()
         self.problems: List[str] = []
+        self.fallbacks: List[str] = []  # why the W&B sources before the active one could not be read
+        self._urls: Dict[str, Optional[str]] = {}
+        self._retry: dict = {}  # W&B sources passed over, tried again on each update
 
     @classmethod
     def for_target(cls, target: str, user_regex: Optional[str] = None) -> "Tracker":
@@ -122,14 +150,37 @@ class Tracker:
         return cls([target], user_regex)
 
     def update(self) -> Run:
-        """Read new data; fall back to the next candidate when the active one is unreadable."""
+        """Read new data; fall back to the next candidate when the active one is unreadable.
+        While on a fallback, a W&B source ahead of it is tried again each time (it wins back
+        as soon as it answers); ``fallbacks`` says why it was passed over."""
         self.problems = []
+        if self.source is not None and self.active in self.paths:
+            again: List[str] = []
+            for path in self.paths[:self.paths.index(self.active)]:
+                if not path.startswith("wandb:"):
+                    continue
+                src = self._retry.get(path) or open_source(path, self.user_regex)
+                run = Run(path)
+                try:
+                    src.poll(run)
+                except (OSError, ValueError, IndexError, UnicodeError) as exc:
+                    self._retry[path] = src  # kept: a read still hanging is not started twice
+                    again.append("%s: %s" % (path, _why(exc)))
+                    continue
+                self._retry.pop(path, None)
+                self.source, self.active, self.run, self.fallbacks = src, path, run, again
+                return self.run
+            if again:
+                self.fallbacks = again
+        failed: List[str] = []
         for path in self.paths:
             if self.active is not None and path != self.active and self.source is not None:
                 continue
             try:
                 if self.source is None or self.active != path:
-                    self.source, self.active, self.run = open_source(path, self.user_regex), path, Run(path)
+                    src = self._retry.pop(path, None) or open_source(path, self.user_regex)
+                    self.source, self.active, self.run = src, path, Run(path)
+                    self.fallbacks = list(failed)
                 if self.source.poll(self.run) == "reset":
                     self.run = Run(path)
                     self.source = open_source(path, self.user_regex)
@@ -137,9 +188,27 @@ class Tracker:
                 return self.run
             except (OSError, ValueError, IndexError, UnicodeError) as exc:
                 self.problems.append("%s: %s" % (path, _why(exc)))
+                if path.startswith("wandb:"):
+                    failed.append(self.problems[-1])
+                    if self.source is not None:
+                        self._retry[path] = self.source
                 self.source, self.active = None, None
                 continue
+        self.fallbacks = failed
         return self.run
+
+    @property
+    def url(self) -> Optional[str]:
+        """The W&B run this tracker follows (its page, or an offline run's dir), even while it
+        reads a fallback; None when no candidate is a W&B run."""
+        for path in self.paths:
+            if not (path.startswith("wandb:") or path.endswith(".wandb")):
+                continue
+            if path not in self._urls:
+                self._urls[path] = ref_url(path) if path.startswith("wandb:") else file_url(path)
+            if self._urls[path]:
+                return self._urls[path]
+        return None
 
     def readable(self) -> bool:
         return self.source is not None
@@ -158,3 +227,24 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, IsADirectoryError):
         return "is a directory with no known metrics file"
     return str(exc) or type(exc).__name__
+
+
+def source_notes(out: dict, tr: Tracker) -> dict:
+    """Add to a verdict where its metrics came from: ``url`` (the W&B run's page, or an offline
+    run's dir) and, when W&B could not be read, a ``wandb_unreachable`` finding saying what the
+    verdict was judged from instead (or that nothing was readable: the verdict is then WAIT)."""
+    out["url"] = tr.url
+    out["source"] = tr.active or out.get("source")
+    if tr.fallbacks:
+        to = tr.kind if tr.readable() else None
+        where = ("log" if to == "text" else to) if to else None
+        note = "wandb_unreachable: fell back to %s" % where if where else \
+            "wandb_unreachable: W&B and every other metrics source unreadable; will try again next check"
+        out["findings"].append({"code": "wandb_unreachable", "severity": "info", "step": out.get("last_step"),
+                                "series": "", "evidence": {"why": "; ".join(tr.fallbacks), "fell_back_to": tr.active},
+                                "hint": note})
+        out["note"] = note
+        if where:
+            out["reason"] = "%s (%s)" % (out["reason"], note)
+    return out
+

@@ -5,13 +5,11 @@ agent's periodic check with ``quality.reviewer`` in the profile."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import os
 import sqlite3
 import sys
-import threading
 import time
 import types
 
@@ -22,47 +20,16 @@ from orchestrator.quality.judge import judge
 from orchestrator.quality.sources import Tracker
 from quality.synth import make_curve, write
 from rigs.agents import gpurun, kill_agents_under
+from rigs.chat import chat_server
 
 KEY = "sk-test-0123456789abcdefSECRET"
-
-
-class Chat(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        srv = self.server
-        srv.received.append({"path": self.path, "body": json.loads(body), "headers": dict(self.headers)})
-        status, content, delay, raw = srv.script.pop(0) if srv.script else (200, srv.answer, 0, None)
-        if delay:
-            time.sleep(delay)
-        reply = raw if raw is not None else json.dumps(
-            {"id": "x", "object": "chat.completion", "model": "m",
-             "choices": [{"index": 0, "finish_reason": "stop",
-                          "message": {"role": "assistant", "content": content}}]}).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-        except OSError:  # the client gave up (timeout test)
-            pass
-
-    def log_message(self, *a):
-        pass
 
 
 @pytest.fixture
 def chat():
     """A chat-completions server on loopback; ``script`` = [(status, content, delay_s, raw_body)]."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
-    srv.daemon_threads = True
-    srv.received, srv.script, srv.answer = [], [], "CONTINUE"
-    srv.url = "http://127.0.0.1:%d/v1" % srv.server_address[1]
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with chat_server() as srv:
+        yield srv
 
 
 def _flat(path, n=400, every=10, level=2.30):

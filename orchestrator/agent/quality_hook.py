@@ -19,6 +19,7 @@ from orchestrator.quality import judge as J
 from orchestrator.quality.options import check_intervals, opts_from_config
 from orchestrator.quality.plot import sparkline, write_plot
 from orchestrator.quality.sources import Tracker, discover, source_notes, wandb_runs
+from orchestrator.quality import wandb_reader
 from orchestrator.quality.wandb_reader import online_ref
 from orchestrator.quality.steps import newest_step
 
@@ -134,10 +135,10 @@ def key_lookup(state_dir: Optional[str]):
     def lookup(name: str) -> Optional[str]:
         val = None
         if state_dir:
+            from orchestrator.agent import secrets  # the box's `gpurun secret set` values
             try:
-                from orchestrator.agent import secrets  # owned by `gpurun secret`; absent on older agents
                 val = secrets.load(state_dir).get(name)
-            except (ImportError, OSError, ValueError, AttributeError):
+            except (OSError, ValueError):  # an unreadable secrets file: fall back to the environment
                 val = None
         return val or os.environ.get(name)
     return lookup
@@ -182,7 +183,9 @@ def periodic_check(store, job: dict, now: float, config: dict, state_dir: Option
         store.add_event(job["id"], "quality", "warn", "quality config ignored: %s" % exc)
     tr = _tracker(job, targets)
     run = tr.update()
-    opts = with_reviewer(opts, job, state_dir or os.path.dirname(getattr(store, "path", "") or ""))
+    state_dir = state_dir or os.path.dirname(getattr(store, "path", "") or "")
+    wandb_reader.KEY_SOURCE = lambda: key_lookup(state_dir)("WANDB_API_KEY")  # online W&B reads
+    opts = with_reviewer(opts, job, state_dir)
     verdict = source_notes(J.judge(run, opts, tr.problems if not tr.readable() else None), tr)
     review_path = record_review(store, job, run, verdict, "periodic")
     # a reviewer's CONTINUE on an ambiguous check counts as healthy for the cadence (the seed)
@@ -246,6 +249,7 @@ def resume_gate(job: dict, config: dict, state_dir: Optional[str] = None) -> dic
     if ((config or {}).get("quality") or {}).get("gate_reviewer") is False:
         opts.pop("reviewer_command", None)
         opts.pop("reviewer", None)
+    wandb_reader.KEY_SOURCE = lambda: key_lookup(state_dir)("WANDB_API_KEY")  # online W&B reads
     opts = with_reviewer(opts, job, state_dir)
     if not targets:
         return {"allowed": True, "verdict": "WAIT", "evidence_path": None, "checkpoint_step": ck,

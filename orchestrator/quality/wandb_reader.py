@@ -16,7 +16,7 @@ import os
 import struct
 import threading
 import zlib
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from orchestrator.quality.series import SYNONYMS, Run
 from orchestrator.quality.tfevents import _ld, _skip, _varint, _vint
@@ -188,6 +188,11 @@ class WandbFileSource:
         return {"offset": self.offset}
 
 
+# Where an online read gets its W&B key: the agent points this at the box's secrets
+# (`gpurun secret set WANDB_API_KEY`); None, or None returned, is wandb's own login.
+KEY_SOURCE: Optional[Callable[[], Optional[str]]] = None
+
+
 class WandbApiSource:
     """A run on the W&B server (``wandb:entity/project/run_id``), polled with scan_history from
     the step after the last one read. Needs the optional ``wandb`` package on this machine.
@@ -224,7 +229,10 @@ class WandbApiSource:
 
         def read() -> None:
             try:
-                api_run = wandb.Api(timeout=int(self.deadline_s)).run(self.ref)
+                key = KEY_SOURCE() if KEY_SOURCE is not None else None
+                api = wandb.Api(api_key=key, timeout=int(self.deadline_s)) if key else \
+                    wandb.Api(timeout=int(self.deadline_s))
+                api_run = api.run(self.ref)
                 box["rows"] = list(api_run.scan_history(min_step=self.min_step, page_size=1000))
             except BaseException as exc:  # wandb raises its own error tree, not OSError
                 box["error"] = exc

@@ -361,3 +361,31 @@ def test_periodic_and_gate_evidence_carry_the_run_url(tmp_path, monkeypatch):
         assert json.loads(Path(gate["evidence_path"]).read_text())["url"] == str(p.parent)
     finally:
         store.close()
+
+
+def test_online_read_takes_the_key_from_the_box_secrets(tmp_path, monkeypatch):
+    """The agent points online W&B reads at `gpurun secret set WANDB_API_KEY` on the box."""
+    import sys
+    import types
+
+    from orchestrator.agent import quality_hook as QH
+    from orchestrator.agent import secrets
+    from orchestrator.quality import wandb_reader as WR
+
+    seen = {}
+
+    class Api:
+        def __init__(self, api_key=None, timeout=None):
+            seen["key"] = api_key
+
+        def run(self, ref):
+            raise RuntimeError("stop here")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(Api=Api))
+    monkeypatch.setattr(WR, "probe", lambda timeout=None: None)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    secrets.put(str(tmp_path), "WANDB_API_KEY", "wandb-key-0123456789")
+    monkeypatch.setattr(WR, "KEY_SOURCE", lambda: QH.key_lookup(str(tmp_path))("WANDB_API_KEY"))
+    with pytest.raises(OSError):
+        WR.WandbApiSource("wandb:ent/proj/run1").poll(WR.Run("x"))
+    assert seen["key"] == "wandb-key-0123456789"

@@ -2,14 +2,18 @@
 
 The daemon starts this as a session leader (its own process group) with the job's marker in
 its environment. It survives the daemon's death, so a job re-adopted after an agent crash
-still gets its exit code written (``exit.<attempt>``, via temp file + rename).
+still gets its exit code written (``exit.<attempt>``, via temp file + fsync + rename).
+
+It sits between one job's end and the next one's start, so it starts lean: the daemon runs it
+with ``python3 -S`` (no site-packages scan) and it imports only ``os``, ``signal``, ``sys`` and
+``time`` (a fork and exec of the shell, not ``subprocess``, which costs more to import than
+the whole wrapper's work).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -27,6 +31,42 @@ def write_exit(path: str, code: int) -> None:
     os.replace(tmp, path)
 
 
+def _status_code(status: int) -> int:
+    """``subprocess``'s convention: the exit status, or minus the signal that killed it."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return 255
+
+
+def _spawn(argv: list, cwd: str, log_fd: int) -> int:
+    """fork + exec ``argv`` in ``cwd``, stdin from /dev/null, stdout and stderr to the log.
+    A child that cannot start writes why to the log and exits 127 (the shell's code for it)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # the child: only async-signal-safe-ish work, then exec or _exit
+        try:
+            # Python ignores SIGPIPE and SIGXFSZ; the job gets the defaults (as subprocess does).
+            # The wrapper's own handlers for TERM/HUP/INT are reset to default by exec.
+            for name in ("SIGPIPE", "SIGXFSZ"):
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
+            if cwd:
+                os.chdir(cwd)
+            os.dup2(null, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            os.execv(argv[0], argv)
+        except BaseException as exc:  # noqa: BLE001 - never return into the wrapper's code
+            try:
+                os.write(log_fd, ("--- gpurun: could not start: %s\n" % exc).encode())
+            finally:
+                os._exit(127)
+    os.close(null)
+    return pid
+
+
 def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str) -> int:
     # A Python handler (not SIG_IGN) so the child gets default dispositions after exec,
     # while the wrapper lives on to record the exit code when the group is TERMed.
@@ -42,18 +82,18 @@ def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str
         log.write(("--- gpurun: attempt %s started %s in %s\n" % (
             os.environ.get("GPURUN_ATTEMPT", "?"), time.strftime("%Y-%m-%dT%H:%M:%S%z"), cwd)).encode())
         try:
-            proc = subprocess.Popen([_shell(), "-c", script], cwd=cwd or None, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, close_fds=True)
+            pid = _spawn([_shell(), "-c", script], cwd, log.fileno())
         except OSError as exc:
             log.write(("--- gpurun: could not start: %s\n" % exc).encode())
             write_exit(exit_file, 127)
             return 127
         while True:
             try:
-                code = proc.wait()
+                _, status = os.waitpid(pid, 0)  # retried after a signal handler runs (PEP 475)
                 break
             except InterruptedError:
                 continue
+        code = _status_code(status)
         log.write(("--- gpurun: exit code %d at %s\n" % (code, time.strftime("%Y-%m-%dT%H:%M:%S%z"))).encode())
     write_exit(exit_file, code)
     return code

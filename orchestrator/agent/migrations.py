@@ -85,6 +85,12 @@ MIGRATIONS: List[Tuple[int, str, List[str]]] = [
     (3, "jobs.secrets: the NAMES (JSON list) of the box's secrets exported to the job at launch", [
         "ALTER TABLE jobs ADD COLUMN secrets TEXT",
     ]),
+    (4, "jobs_queued_cancel: the queued jobs being cancelled, found without reading the queue", [
+        # The runner looks for these on every pass, also when the host is full; through the
+        # plain state index that read every queued row (O(backlog) per job start). Queued
+        # jobs in order need no new index: ``jobs_state`` is (state, rowid) and seq is rowid.
+        "CREATE INDEX IF NOT EXISTS jobs_queued_cancel ON jobs(seq) WHERE state = 'queued' AND cancel_requested = 1",
+    ]),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -20,6 +20,7 @@ from orchestrator.agent.gpus import visible_gpus
 from orchestrator.agent.store import Store
 
 KILL_GRACE_S = 10.0
+SCHEDULE_PAGE = 32  # queued rows read at a time when placing jobs
 QUALITY_STOP_PREFIX = "stopped by quality check"  # human text only; the cause is ``stop_cause``
 
 # Why a running job was asked to stop (the store's ``stop_cause``), written by whoever asks,
@@ -192,38 +193,48 @@ class Runner:
         return None, slots - len(running)
 
     def _schedule(self, running: List[dict]) -> None:
+        """Cancel the queued jobs being cancelled, then place queued jobs in order while there
+        is room. The queue is read a page at a time and only as far as placing needs, so a
+        pass costs the same with 10 or 50,000 jobs queued behind the ones it starts."""
         free_gpus, free_slots = self._capacity(running)
-        # A full host only needs to look at queued jobs that are being cancelled.
-        full = (free_gpus is not None and not free_gpus) or (free_slots is not None and free_slots <= 0)
-        queued = self.store.queued_cancelled() if full else self.store.jobs([S.QUEUED])
-        if not queued:
-            return
-        for job in queued:
-            if job["cancel_requested"]:
-                self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
-                                      reason="cancelled by user", stop_cause=STOP_USER)
-                continue
-            if free_gpus is not None:
-                need = max(1, job["gpus"] or 1)
-                if need > len(self.gpus):
-                    self.store.transition(job["id"], [S.QUEUED], S.FAILED, ended_at=time.time(),
-                                          reason="needs %d GPUs, host has %d" % (need, len(self.gpus)))
-                    continue
-                if need > len(free_gpus):
-                    continue
-                ids, free_gpus = free_gpus[:need], free_gpus[need:]
-                if not self._admit(job, ids):
-                    continue
-            else:
-                if free_slots <= 0:
-                    break
-                ids = []
-            if not self._workdir_ready(job) or not self._resume_gate(job):
-                if free_gpus is not None:
-                    free_gpus = sorted(free_gpus + ids)
-                continue
-            if self._launch(job, ids) and free_slots is not None:
-                free_slots -= 1
+        for job in self.store.queued_cancelled():  # a partial index: as many rows as there are cancels
+            self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
+                                  reason="cancelled by user", stop_cause=STOP_USER)
+        after = 0
+        while (free_gpus is None or free_gpus) and (free_slots is None or free_slots > 0):
+            page = self.store.queued_page(SCHEDULE_PAGE, after)
+            if not page:
+                return
+            after = page[-1]["seq"]
+            for job in page:
+                if free_gpus is not None and not free_gpus or free_slots is not None and free_slots <= 0:
+                    return
+                free_gpus, free_slots = self._place(job, free_gpus, free_slots)
+
+    def _place(self, job: dict, free_gpus: Optional[List[int]], free_slots: Optional[int]) -> tuple:
+        """Try to start one queued job on what is free; returns what is still free."""
+        if job["cancel_requested"]:  # flagged after this pass's cancel sweep
+            self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
+                                  reason="cancelled by user", stop_cause=STOP_USER)
+            return free_gpus, free_slots
+        if free_gpus is not None:
+            need = max(1, job["gpus"] or 1)
+            if need > len(self.gpus):
+                self.store.transition(job["id"], [S.QUEUED], S.FAILED, ended_at=time.time(),
+                                      reason="needs %d GPUs, host has %d" % (need, len(self.gpus)))
+                return free_gpus, free_slots
+            if need > len(free_gpus):
+                return free_gpus, free_slots
+            ids, rest = free_gpus[:need], free_gpus[need:]
+            if not self._admit(job, ids):
+                return rest, free_slots  # GPUs short of VRAM are not offered to the next job either
+        else:
+            ids, rest = [], None
+        if not self._workdir_ready(job) or not self._resume_gate(job):
+            return free_gpus, free_slots
+        if self._launch(job, ids) and free_slots is not None:
+            free_slots -= 1
+        return rest, free_slots
 
     def _admit(self, job: dict, gpu_ids: List[int]) -> bool:
         """VRAM admission before placing a job, when the profile asks for it (auto-reap of
@@ -315,6 +326,16 @@ class Runner:
             self.store.add_event(job["id"], "failed", "error", "job %s failed: %s" % (job["name"], why))
         return None
 
+    def _wrapper_argv(self) -> List[str]:
+        """How to start ``jobwrap``. The daemon's ``[python, agent]`` gets ``-S``: the wrapper
+        imports only the stdlib and the agent next to it, and skipping site-packages (every
+        ``.pth`` of a big environment) is most of a wrapper's start, which lies between one
+        job's end and the next one's start."""
+        argv = list(self.agent_argv)
+        if len(argv) == 2 and os.path.exists(argv[1]) and not argv[1].startswith("-"):
+            argv.insert(1, "-S")
+        return argv
+
     def _launch(self, job: dict, gpu_ids: List[int]) -> bool:
         attempt = job["attempt"] + 1
         now = time.time()
@@ -342,7 +363,7 @@ class Runner:
         # W&B writes its runs under the job's run dir, where the quality check looks, unless the
         # user chose a dir (env. or the agent's environment; a profile's env.sh export wins too)
         env.setdefault("WANDB_DIR", job["run_dir"])
-        argv = self.agent_argv + ["jobwrap", started_path(job, attempt), exit_path(job, attempt), job["log"], job["cwd"] or "", job["command"]]
+        argv = self._wrapper_argv() + ["jobwrap", started_path(job, attempt), exit_path(job, attempt), job["log"], job["cwd"] or "", job["command"]]
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)

@@ -132,7 +132,19 @@ class Store:
         return out
 
     def queued_cancelled(self) -> list[dict]:
-        rows = self.db.execute("SELECT * FROM jobs WHERE state='queued' AND cancel_requested=1 ORDER BY seq")
+        """Queued jobs with the cancel flag set: through a partial index (named: the planner
+        would pick the plain state index, which reads every queued row), so the cost is the
+        number of such jobs, never the backlog's."""
+        rows = self.db.execute("SELECT * FROM jobs INDEXED BY jobs_queued_cancel"
+                               " WHERE state='queued' AND cancel_requested=1 ORDER BY seq")
+        return [self._row(r) for r in rows.fetchall()]
+
+    def queued_page(self, limit: int, after_seq: int = 0) -> list[dict]:
+        """The next ``limit`` queued jobs in submission order after ``after_seq``: an index
+        range read (``jobs_state`` is (state, rowid) and seq is the rowid), whatever the
+        backlog behind them."""
+        rows = self.db.execute("SELECT * FROM jobs WHERE state='queued' AND seq>? ORDER BY seq LIMIT ?",
+                               (int(after_seq), int(limit)))
         return [self._row(r) for r in rows.fetchall()]
 
     def get_job(self, ref: Any) -> Optional[dict]:

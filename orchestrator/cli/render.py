@@ -192,19 +192,28 @@ def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> 
     def cell(c: str, v: str) -> str:
         return v.rjust(widths[c]) if c in _RIGHT else v.ljust(widths[c])
 
-    con.print(Text("  ".join(cell(c, c) for c in cols).rstrip(), style="bold"), soft_wrap=True)
+    # The rows are written as text with the few SGR codes they need, in one write: rich's
+    # per-line rendering cost ~0.3 ms a job (3 s for 10,000). Colour only where rich would.
+    color = bool(con.is_terminal and con.color_system and not con.no_color)
+    sgr = _sgr if color else (lambda text, style: text)
+    out = [sgr("  ".join(cell(c, c) for c in cols).rstrip(), "bold")]
     indent = widths["#"] + 2
+    room = max(10, con.width - indent)
     for j, r in zip(jobs, rows):
-        line = Text()
-        for i, c in enumerate(cols):
-            if i:
-                line.append("  ")
-            line.append(cell(c, r[c]), style=STATE_STYLE.get(r[c], "") if c == "STATE" else "")
-        line.rstrip()
+        parts = [sgr(cell(c, r[c]), STATE_STYLE.get(r[c], "")) if c == "STATE" else cell(c, r[c]) for c in cols]
         # never cropped: a name longer than the terminal wraps rather than losing its end
-        con.print(line, soft_wrap=True)
+        out.append("  ".join(parts).rstrip())
         why = _reason(j)
         if why:
-            room = max(10, con.width - indent)
-            text = Text(" " * indent + (why if len(why) <= room else why[:room - 1] + "…"), style="dim")
-            con.print(text, soft_wrap=True)
+            out.append(sgr(" " * indent + (why if len(why) <= room else why[:room - 1] + "…"), "dim"))
+    con.file.write("\n".join(out) + "\n")
+    con.file.flush()
+
+
+_SGR = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "magenta": "35", "cyan": "36"}
+
+
+def _sgr(text: str, style: str) -> str:
+    """``text`` in ``style`` (space-separated names of ``_SGR``) as ANSI codes; unstyled as is."""
+    codes = ";".join(_SGR[w] for w in style.split() if w in _SGR)
+    return "\x1b[%sm%s\x1b[0m" % (codes, text) if codes else text

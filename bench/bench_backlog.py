@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Issue 15 (items 3, 4, 5): cost of a job start and of ``queue status`` with a backlog.
+
+    python bench/bench_backlog.py [--sizes 1000,10000,50000] [--gap-jobs 20] [--no-tsp]
+
+For each backlog size N, in a throwaway XDG home on the ``local`` host with one slot:
+
+* N queued rows are inserted straight through the agent's ``Store`` (fast), behind
+  ``--gap-jobs`` short jobs, so every one of those starts with the whole backlog queued;
+* gap: a job's end to the next job's start on the free slot, as the jobs record it
+  (``date +%s.%N``: no interpreter start in the figure), median and p90;
+* agent CPU per job start: the daemon's ``/proc/PID/stat`` ticks over the gap run / starts;
+* ``gpurun queue status --json``, ``status`` piped, and ``status`` on a "terminal"
+  (``TTY_COMPATIBLE=1 COLUMNS=120``), cold CLI, median of 3, output thrown away.
+
+With task-spooler installed (``tsp``), its gap on the same job lines is measured too: the
+floor of a queue that starts jobs from a C daemon. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+ALL_FLAG = False
+
+
+def cli(env: dict, *args: str, tty: bool = False) -> tuple[float, subprocess.CompletedProcess]:
+    e = dict(env, TTY_COMPATIBLE="1", COLUMNS="120") if tty else env
+    t = time.perf_counter()
+    res = subprocess.run(["gpurun", *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return time.perf_counter() - t, res
+
+
+def med(env: dict, n: int, *args: str, tty: bool = False) -> float:
+    return statistics.median(cli(env, *args, tty=tty)[0] for _ in range(n))
+
+
+def job_line(ledger: Path) -> str:
+    return (f"echo s $(date +%s.%N) >> {ledger}; sleep 0.05; echo e $(date +%s.%N) >> {ledger}")
+
+
+def gaps_of(ledger: Path) -> list[float]:
+    rows = [l.split() for l in ledger.read_text().splitlines() if l.strip()]
+    starts = [float(v) for k, v in rows if k == "s"]
+    ends = [float(v) for k, v in rows if k == "e"]
+    return sorted(s - e for s, e in zip(starts[1:], ends[:-1]))
+
+
+def summary(gaps: list[float]) -> dict:
+    return {"gap_median_ms": round(1000 * statistics.median(gaps), 1),
+            "gap_p90_ms": round(1000 * gaps[int(0.9 * (len(gaps) - 1))], 1), "gaps": len(gaps)}
+
+
+def cpu_s(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_size(n: int, gap_jobs: int) -> dict:
+    from orchestrator.agent.control import wake
+    from orchestrator.agent.store import Store
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpurun-backlog-"))
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp / "data"), XDG_CONFIG_HOME=str(tmp / "cfg"))
+    env.pop("TTY_COMPATIBLE", None)
+    q = tmp / "one.txt"
+    q.write_text("[name=warm] true\n")
+    _, res = cli(env, "queue", "submit", str(q), "--slots", "1", "--wait")  # agent up, slots=1
+    assert res.returncode == 0, res.stderr
+    state = tmp / "data/gpurun/hosts/local/agent"
+    pid = int((state / "agent.pid").read_text())
+    ledger = tmp / "ledger"
+    runs = state / "runs"
+
+    def row(name: str, command: str) -> dict:
+        jid = uuid.uuid4().hex[:12]
+        return {"id": jid, "name": name, "command": command, "run_dir": str(runs / jid),
+                "log": str(runs / jid / "log.txt")}
+
+    rows = [row("gap-%03d" % i, job_line(ledger)) for i in range(gap_jobs)]
+    rows += [row("backlog-%06d" % i, "sleep 1000") for i in range(n)]
+    store = Store(str(state / "gpurun.db"))
+    t = time.perf_counter()
+    store.insert_jobs(rows)
+    insert_s = time.perf_counter() - t
+    c0 = cpu_s(pid)
+    wake(str(state))
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        done = ledger.exists() and ledger.read_text().count("e ") >= gap_jobs
+        if done:
+            break
+        time.sleep(0.05)
+    c1 = cpu_s(pid)
+    out = {"backlog": n, "insert_s": round(insert_s, 2), **summary(gaps_of(ledger)),
+           "agent_cpu_ms_per_start": round(1000 * (c1 - c0) / gap_jobs, 1)}
+    time.sleep(0.5)  # the first backlog job (sleep 1000) is running now: N-1 queued
+    out["status_json_s"] = round(med(env, 3, "queue", "status", "--json"), 3)
+    out["status_piped_s"] = round(med(env, 3, "queue", "status"), 3)
+    out["status_tty_s"] = round(med(env, 3, "queue", "status", tty=True), 3)
+    if ALL_FLAG:
+        out["status_tty_all_s"] = round(med(env, 3, "queue", "status", "--all", tty=True), 3)
+        out["status_piped_all_s"] = round(med(env, 3, "queue", "status", "--all"), 3)
+    store.close()
+    cli(env, "queue", "cancel", "--all", "--yes")
+    time.sleep(0.5)
+    try:
+        os.kill(int((state / "agent.pid").read_text()), signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def tsp_gap(gap_jobs: int) -> dict | None:
+    if not shutil.which("tsp"):
+        return None
+    tmp = Path(tempfile.mkdtemp(prefix="tsp-bench-"))
+    env = dict(os.environ, TS_SOCKET=str(tmp / "sock"), TMPDIR=str(tmp))
+    ledger = tmp / "ledger"
+    subprocess.run(["tsp", "-S", "1"], env=env, check=True)
+    for _ in range(gap_jobs):
+        subprocess.run(["tsp", "sh", "-c", job_line(ledger)], env=env, check=True, capture_output=True)
+    subprocess.run(["tsp", "-w"], env=env, capture_output=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (ledger.exists() and ledger.read_text().count("e ") >= gap_jobs):
+        time.sleep(0.05)
+    subprocess.run(["tsp", "-K"], env=env, capture_output=True)
+    out = summary(gaps_of(ledger))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,10000,50000")
+    ap.add_argument("--gap-jobs", type=int, default=20)
+    ap.add_argument("--no-tsp", action="store_true")
+    a = ap.parse_args()
+    out: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
+    out["runs"] = [one_size(int(n), a.gap_jobs) for n in a.sizes.split(",")]
+    if not a.no_tsp:
+        out["tsp"] = tsp_gap(a.gap_jobs)
+    out["load_after"] = os.getloadavg()[0]
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -72,6 +72,42 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+BATCH_FILE_MAX = 64 << 20  # files up to this size share one rsync per job; larger ones stream alone
+SAVE_EVERY_S = 1.0          # the record is rewritten at most this often (write_marker always saves)
+# rsync exit codes after which the files that did arrive are worth verifying one by one
+# (23: some files failed, 24: some vanished); anything else (ssh down, protocol) is the link
+_RSYNC_PARTIAL_OK = (0, 23, 24)
+
+
+def _syncfs(path: Path) -> None:
+    """Make everything written on ``path``'s filesystem durable: one ``syncfs`` for a whole
+    batch instead of an fsync per file and per directory (falls back to ``os.sync``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).syncfs(fd) == 0:
+            return
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
+    os.sync()
+
+
+def _tree_key(f: dict) -> Optional[tuple[str, str, str]]:
+    """(remote base, local base, rel) with ``remote == remote_base/rel`` and
+    ``path == local_base/rel``, the longest such ``rel`` below the manifest section; None
+    when the remote path does not end with the manifest path's tail."""
+    parts = f["path"].split("/")
+    remote = f.get("remote") or ""
+    for k in range(len(parts) - 1, 0, -1):
+        rel = "/".join(parts[-k:])
+        if remote.endswith("/" + rel) and len(remote) > len(rel) + 1:
+            return remote[:-len(rel) - 1], "/".join(parts[:-k]), rel
+    return None
+
+
 def _local_ok(rec: JobRecord, f: dict, rehash: bool) -> Optional[bool]:
     """True: the local copy is the manifest's file; False: it exists but differs (bit flip,
     edit); None: there is no local copy."""
@@ -121,13 +157,91 @@ def _fetch_one(fetcher: Any, rec: JobRecord, f: dict, job_id: str, progress: Pro
             st = final.stat()
             rec.mark(f["path"], state="verified", sha256=f["sha256"], size=st.st_size,
                      mtime_ns=st.st_mtime_ns, verified_at=time.time(), method=fetcher.method)
-            rec.save()
+            _save_soon(rec)
             result.bytes += f["size"]
             return True
         partial.unlink(missing_ok=True)  # a bad prefix would poison every resume: start over
     result.failed.append({"path": f["path"], "reason": "hash differs from the host's manifest "
                           "(the file changed on the host after it was listed?)"})
     return False
+
+
+def _save_soon(rec: JobRecord) -> None:
+    """Rewrite the record at most every SAVE_EVERY_S: a record that lags behind only costs a
+    re-hash of files already verified under their final names (never a wrong marker)."""
+    now = time.monotonic()
+    if now - getattr(rec, "_saved_at", 0.0) >= SAVE_EVERY_S:
+        rec.save()
+        rec._saved_at = now  # type: ignore[attr-defined]
+
+
+def _fetch_batch(fetcher: Any, rec: JobRecord, files: list[dict], job_id: str,
+                 progress: ProgressSink, result: JobPull) -> tuple[list[dict], list[dict]]:
+    """One ``fetcher.fetch_tree`` per source dir for many small files, into the staging
+    area; then each partial is hashed against the manifest, all of them made durable with
+    one syncfs, renamed, and recorded with one save. Returns (pulled, left): ``left`` are
+    files to try one by one (did not arrive or did not verify: their partials are gone)."""
+    groups: dict[tuple[str, str], list[tuple[str, dict]]] = {}
+    left: list[dict] = []
+    for f in files:
+        key = _tree_key(f)
+        if key is None:
+            left.append(f)
+            continue
+        partial = rec.partial_path(f["path"])
+        try:
+            if partial.stat().st_size > f["size"]:
+                partial.unlink()  # the remote file shrank or was replaced: useless prefix
+        except FileNotFoundError:
+            pass
+        groups.setdefault(key[:2], []).append((key[2], f))
+    good: list[dict] = []
+    for (remote_base, local_base), items in groups.items():
+        dest = rec.root / PARTIAL_DIR / local_base if local_base else rec.root / PARTIAL_DIR
+        total = sum(f["size"] for _, f in items)
+        # one progress line per batch; files that miss it are retried (and shown) one by one
+        progress.file_started(job_id, f"{len(items)} files under {local_base or '.'}/", total, 0)
+        code, wire, err = fetcher.fetch_tree(remote_base, [rel for rel, _ in items], dest)
+        result.wire_bytes += wire
+        arrived = 0
+        for _rel, f in items:
+            partial = rec.partial_path(f["path"])
+            try:
+                size = partial.stat().st_size
+            except FileNotFoundError:
+                size = -1
+            ok = size == f["size"] and prefix_hasher(partial, size).hexdigest() == f["sha256"]
+            if ok:
+                arrived += size
+                good.append(f)
+                continue
+            if size == f["size"]:
+                partial.unlink(missing_ok=True)  # complete but wrong: a bad prefix poisons resumes
+            if code in _RSYNC_PARTIAL_OK:
+                left.append(f)
+            else:  # the link itself failed: the next pass resumes, no point trying file by file
+                result.failed.append({"path": f["path"], "reason": f"rsync failed (exit {code}): {err}"})
+        progress.file_progress(arrived)
+        progress.file_done(arrived == total)
+    if not good:
+        return [], left
+    _syncfs(rec.root)  # every verified partial's bytes are on disk before any rename
+    made: set[Path] = set()
+    for f in good:
+        final = rec.final_path(f["path"])
+        if final.parent not in made:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            made.add(final.parent)
+        os.replace(rec.partial_path(f["path"]), final)
+    _syncfs(rec.root)  # and the renames, before the record says so
+    now = time.time()
+    for f in good:
+        st = rec.final_path(f["path"]).stat()
+        rec.mark(f["path"], state="verified", sha256=f["sha256"], size=st.st_size,
+                 mtime_ns=st.st_mtime_ns, verified_at=now, method=fetcher.method)
+        result.bytes += f["size"]
+    _save_soon(rec)
+    return good, left
 
 
 def pull_job(job: dict, root: Path, fetcher: Any, policy: KeepPolicy, *, host: str,
@@ -147,27 +261,38 @@ def pull_job(job: dict, root: Path, fetcher: Any, policy: KeepPolicy, *, host: s
 def _pull_locked(job: dict, root: Path, fetcher: Any, policy: KeepPolicy, host: str,
                  progress: ProgressSink, rehash: bool) -> JobPull:
     rec = JobRecord(root)
+    rec._saved_at = time.monotonic()  # type: ignore[attr-defined]  # a short pass saves once, in write_marker
     rec.data["job"] = {"id": job["id"], "name": job.get("name"), "state": job.get("state"), "host": host}
     result = JobPull(job_id=job["id"], root=root, pending=len(job.get("pending") or []))
     metrics_files = [f for f in job["files"] if f.get("kind") == "metrics"]
     metrics_paths = [rec.final_path(f["path"]) for f in metrics_files]
 
-    def ensure(f: dict) -> None:
-        state = _local_ok(rec, f, rehash)
-        if state is True:
-            result.skipped += 1
-            return
-        if state is False:
-            result.repaired.append(f["path"])
-        if _fetch_one(fetcher, rec, f, job["id"], progress, result):
-            result.pulled.append(f["path"])
+    def ensure(files: list[dict]) -> None:
+        todo: list[dict] = []
+        for f in files:
+            state = _local_ok(rec, f, rehash)
+            if state is True:
+                result.skipped += 1
+                continue
+            if state is False:
+                result.repaired.append(f["path"])
+            todo.append(f)
+        if callable(getattr(fetcher, "fetch_tree", None)):
+            small = [f for f in todo if f["size"] <= BATCH_FILE_MAX]
+            if len(small) > 1:
+                pulled, left = _fetch_batch(fetcher, rec, small, job["id"], progress, result)
+                result.pulled.extend(f["path"] for f in pulled)
+                done = {f["path"] for f in pulled}
+                retry = {f["path"] for f in left}
+                todo = [f for f in todo if f["path"] not in done
+                        and (f["size"] > BATCH_FILE_MAX or f["path"] in retry)]
+        for f in todo:
+            if _fetch_one(fetcher, rec, f, job["id"], progress, result):
+                result.pulled.append(f["path"])
 
-    for f in metrics_files:  # first: the best-checkpoint choice reads them
-        ensure(f)
+    ensure(metrics_files)  # first: the best-checkpoint choice reads them
     keep, gone, why = policy.split(job["files"], metrics_paths)
-    for f in keep:
-        if f.get("kind") != "metrics":
-            ensure(f)
+    ensure([f for f in keep if f.get("kind") != "metrics"])
     for f in gone:
         final = rec.final_path(f["path"])
         if final.exists():

@@ -184,6 +184,40 @@ class RsyncFetcher:
         return Fetched(digest, have, wire, start)
 
 
+    def fetch_tree(self, remote_base: str, rels: list[str], dest_base: Path) -> tuple[int, int, str]:
+        """One rsync for many files: ``remote_base/<rel>`` -> ``dest_base/<rel>`` for every
+        ``rel`` (``--files-from``, ``--append-verify``: a partial left by a killed pull is
+        resumed). Nothing is verified or renamed here: the caller hashes each file.
+
+        Returns (rsync exit status, bytes received, last error line); never raises for a
+        transfer failure, so the caller can keep what did arrive and verify it."""
+        dest_base.mkdir(parents=True, exist_ok=True)
+        argv = ["rsync", "--append-verify", "--stats", "--no-motd", "-s", "--from0",
+                "--files-from=-"]
+        if self.ssh_argv is not None:
+            argv += ["-e", self._ssh_command(), f"{self.target}:{remote_base.rstrip('/')}/"]
+        else:
+            argv.append(remote_base.rstrip("/") + "/")
+        argv.append(str(dest_base) + "/")
+        listing = b"".join(r.encode() + b"\0" for r in rels)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.PIPE, preexec_fn=_die_with_parent)
+        try:
+            out, err = proc.communicate(listing, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return 30, 0, f"rsync timed out after {self.timeout_s:.0f} s"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        m = re.search(r"Total bytes received:\s*([\d,.]+)", out.decode(errors="replace"))
+        wire = int(re.sub(r"[,.]", "", m.group(1))) if m else 0
+        lines = [x for x in err.decode(errors="replace").strip().splitlines() if x.strip()]
+        return proc.returncode, wire, (lines[-1][:300] if lines else "")
+
+
 _CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
             "aes128-ctr,aes192-ctr,aes256-ctr")
 _AES: list = []

@@ -99,6 +99,8 @@ def observe_job(job: Dict[str, Any], kids: Dict[int, List[int]], gpu_holders: Se
     else:
         step = loss = None
     return {"job_id": str(job["id"]), "pid": pid, "alive": alive,
+            # exited, not yet reaped by its parent (the agent settles it on its next pass)
+            "ending": live == procs.ZOMBIE,
             "pid_reused": live == procs.FOREIGN, "tree": sorted(tree),
             "holds_gpu": bool(tree & gpu_holders), "gpu_ids": list(job.get("gpu_ids") or []),
             "gpus": int(job.get("gpus") or 0), "started_at": job.get("started_at"),
@@ -120,6 +122,8 @@ def _job_findings(o: Dict[str, Any], p: Dict[str, Any], samples: List[Any], host
         step_at = now if "step" in p else None  # first sight is not evidence of motion
     state = {k: o[k] for k in ("log_size", "metrics_size", "step", "loss")}
     state["step_at"] = step_at
+    if not o["alive"] and o.get("ending"):
+        return out, state  # an exit the runner has yet to collect: not a lost process
     if not o["alive"]:
         why = "its pid now belongs to another process" if o["pid_reused"] else "its process is gone"
         out.append(_f("process_gone", "error", "job %s is marked running but %s (pid %s)" % (jid, why, o["pid"]),

@@ -144,3 +144,28 @@ def test_reaper_protects_by_marker_and_by_exact_attempt(fake, tmp_path):
     assert by_id["candidates"] == [] and {r["job_id"] for r in by_id["skipped"]} == {"j1"}
     by_token = reaper.plan([procs.token("j1", 2)], **kw)
     assert [c["pid"] for c in by_token["candidates"]] == [60]
+
+
+def test_an_exited_unreaped_job_is_ending_not_gone(tmp_path):
+    """The watchdog may tick between a job's exit and the runner reaping it: a zombie child is
+    an exit on its way to being settled, never a ``process_gone`` finding."""
+    import subprocess
+    import time
+
+    from orchestrator.health import watchdog
+
+    child = subprocess.Popen(["true"])
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with open("/proc/%d/stat" % child.pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    try:
+        job = {"id": "j1", "attempt": 1, "pid": child.pid, "log": None, "run_dir": str(tmp_path)}
+        o = watchdog.observe_job(job, {}, set(), {}, "/proc", None)
+        assert o["ending"] is True and o["alive"] is False
+        findings, _ = watchdog._job_findings(o, {}, [], {}, watchdog.settings({}), time.time())
+        assert not [f for f in findings if f["code"] == "process_gone"]
+    finally:
+        child.wait()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rigs.agents import kill_agents_under
 from rigs.sshd import CLEAN_USER, NOISY_USER, SshdRig, sshd_available
 
 
@@ -22,6 +23,13 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     return home
+
+
+@pytest.fixture
+def home(isolated_home: Path):
+    """An isolated home whose agent daemons (and their job process groups) are killed after the test."""
+    yield isolated_home
+    kill_agents_under(isolated_home)
 
 
 @pytest.fixture(scope="session")

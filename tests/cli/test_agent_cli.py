@@ -5,19 +5,13 @@ command arriving while an idle daemon exits is never left with no daemon)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, kill_agents_under, status_json
+from rigs.agents import gpurun, status_json
 
-
-@pytest.fixture
-def home(isolated_home: Path):
-    yield isolated_home
-    kill_agents_under(isolated_home)
 
 
 def agent_status() -> dict:
@@ -52,7 +46,7 @@ def test_status_and_stop_through_the_cli(home: Path, tmp_path: Path):
     assert "not running" in gpurun("agent", "status").stdout
 
     q = tmp_path / "q.txt"
-    q.write_text(f"[name=long] sleep 60\n[name=later] true\n")
+    q.write_text("[name=long] sleep 60\n[name=later] true\n")
     assert gpurun("queue", "submit", str(q)).returncode == 0
     st = _until(lambda: (lambda s: s if s["jobs"]["running"] == 1 else None)(agent_status()), 30, "job never ran")
     assert st["running"] is True and _alive(st["pid"]) and st["build"] and st["uptime_s"] >= 0

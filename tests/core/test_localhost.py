@@ -3,7 +3,6 @@ read for real, plus the local agent daemon found by its lock."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time

@@ -12,15 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, kill_agents_under, status_json
+from rigs.agents import gpurun, status_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def home(isolated_home):
-    yield isolated_home
-    kill_agents_under(isolated_home)
 
 
 def test_a_noop_resubmit_does_not_burn_job_numbers(home, tmp_path):

@@ -11,22 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, kill_agents_under, wait_terminal
+from rigs.agents import gpurun, job_events, wait_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("numpy")
 
 
-@pytest.fixture
-def home(isolated_home):
-    yield isolated_home
-    kill_agents_under(isolated_home)
-
-
-def _events(job: str) -> list:
-    from orchestrator.core.session import open_session
-    with open_session() as s:
-        return s.events(job)["events"]
 
 
 def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
@@ -44,7 +34,7 @@ def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
     caught = []
     while time.time() < deadline and not caught:
         time.sleep(1)
-        caught = [e for e in _events("diverge") if e["kind"] == "quality" and e["severity"] == "error"]
+        caught = [e for e in job_events("diverge") if e["kind"] == "quality" and e["severity"] == "error"]
     assert caught, "the periodic check must flag the diverging run while it runs"
     assert "STOP" in json.dumps(caught[0]) or "nonfinite" in json.dumps(caught[0])
 
@@ -53,7 +43,7 @@ def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
     jobs = {j["name"]: j for j in st["jobs"]}
     assert jobs["healthy"]["state"] == "succeeded"
     assert jobs["diverge"]["state"] == "cancelled"
-    assert not [e for e in _events("healthy") if e["kind"] == "quality" and e["severity"] == "error"]
+    assert not [e for e in job_events("healthy") if e["kind"] == "quality" and e["severity"] == "error"]
 
     # the retry verb asks the resume gate before it answers: refused, exit 3, nothing changed
     refused = gpurun("queue", "retry", "diverge")
@@ -61,7 +51,7 @@ def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
     assert "quality gate" in refused.stderr and "--force" in refused.stderr
     d = [j for j in wait_terminal(timeout=60)["jobs"] if j["name"] == "diverge"][0]
     assert d["state"] == "cancelled", d
-    ev = [e for e in _events("diverge") if e["kind"] == "gate"]
+    ev = [e for e in job_events("diverge") if e["kind"] == "gate"]
     assert ev and ev[-1]["data"]["evidence"] and os.path.exists(ev[-1]["data"]["evidence"])
     evidence = json.loads(Path(ev[-1]["data"]["evidence"]).read_text())
     assert evidence.get("verdict") == "STOP"
@@ -69,6 +59,6 @@ def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
     # --force overrides the gate, and says so in the job's history
     assert gpurun("queue", "retry", "diverge", "--force").returncode == 0
     time.sleep(1.5)
-    assert any("overridden with --force" in e["message"] for e in _events("diverge"))
+    assert any("overridden with --force" in e["message"] for e in job_events("diverge"))
     gpurun("queue", "cancel", "diverge")
     wait_terminal(timeout=60)

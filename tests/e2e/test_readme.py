@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, kill_agents_under
+from rigs.agents import gpurun
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 pytest.importorskip("numpy")
 
-
-@pytest.fixture
-def home(isolated_home):
-    yield isolated_home
-    kill_agents_under(isolated_home)
 
 
 def test_first_command_runs_the_example_queue(home):

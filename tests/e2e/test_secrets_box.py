@@ -140,11 +140,6 @@ def _scenario(host: str, state_dir: Path, work: Path, home: Path, webhook, tmp_p
     assert (state_dir / "gpurun.db").exists() and (state_dir / "agent.log").exists()
 
 
-@pytest.fixture
-def home(isolated_home):
-    yield isolated_home
-    kill_agents_under(isolated_home)
-
 
 def test_secrets_on_local(home, webhook, tmp_path):
     from orchestrator import paths

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, kill_agents_under, wait_terminal
+from rigs.agents import gpurun, job_events, wait_terminal
 
 pytest.importorskip("wandb", reason="the optional wandb package (gpurun[wandb]) is not installed")
 FIX = Path(__file__).resolve().parents[1] / "quality" / "fixtures" / "wandb"
@@ -32,16 +32,6 @@ run.finish()
 '''
 
 
-@pytest.fixture
-def home(isolated_home):
-    yield isolated_home
-    kill_agents_under(isolated_home)
-
-
-def _events(job: str) -> list:
-    from orchestrator.core.session import open_session
-    with open_session() as s:
-        return s.events(job)["events"]
 
 
 def test_wandb_offline_jobs_found_judged_and_diverging_one_stopped(home, tmp_path):
@@ -70,8 +60,8 @@ def test_wandb_offline_jobs_found_judged_and_diverging_one_stopped(home, tmp_pat
     assert jobs["diverge"]["state"] == "quality_stopped", jobs["diverge"]
     assert jobs["healthy"]["state"] == "succeeded", jobs["healthy"]
 
-    stop = [e for e in _events("diverge") if e["kind"] == "quality" and e["severity"] == "error"]
-    assert stop, _events("diverge")
+    stop = [e for e in job_events("diverge") if e["kind"] == "quality" and e["severity"] == "error"]
+    assert stop, job_events("diverge")
     url = stop[0]["data"]["url"]
     run_dir = Path(jobs["diverge"]["run_dir"]) if jobs["diverge"].get("run_dir") else None
     assert "/runs/" in url and "/wandb/offline-run-" in url, url  # the runner's WANDB_DIR: the run dir

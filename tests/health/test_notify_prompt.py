@@ -6,15 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 
-from rigs.agents import gpurun, kill_agents_under
+from rigs.agents import gpurun
 
-
-@pytest.fixture
-def home(isolated_home):
-    yield isolated_home
-    kill_agents_under(isolated_home)
 
 
 def test_job_failure_is_notified_within_seconds(home, tmp_path, webhook, monkeypatch):

@@ -51,3 +51,10 @@ def kill_agents_under(root: Path) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+
+
+def job_events(job: str, host: str | None = None) -> list:
+    """A job's event history, through the real agent client."""
+    from orchestrator.core.session import open_session
+    with open_session(host) as s:
+        return s.events(job)["events"]

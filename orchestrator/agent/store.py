@@ -139,6 +139,10 @@ class Store:
                                " WHERE state='queued' AND cancel_requested=1 ORDER BY seq")
         return [self._row(r) for r in rows.fetchall()]
 
+    def state_counts(self) -> dict:
+        """``{state: number of jobs}`` from the state index alone: no row is read or decoded."""
+        return dict(self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+
     def queued_page(self, limit: int, after_seq: int = 0) -> list[dict]:
         """The next ``limit`` queued jobs in submission order after ``after_seq``: an index
         range read (``jobs_state`` is (state, rowid) and seq is the rowid), whatever the

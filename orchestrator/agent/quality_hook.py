@@ -13,7 +13,7 @@ import glob
 import json
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.quality import judge as J
 from orchestrator.quality.options import check_intervals, opts_from_config
@@ -231,6 +231,23 @@ def checkpoint_step(job: dict) -> Optional[float]:
     names = os.listdir(d) if os.path.isdir(d) else [os.path.basename(d)]
     step = newest_step(names)
     return float(step) if step is not None else None
+
+
+def gate_refusal(job: dict, config: dict, state_dir: Optional[str] = None,
+                 on_error: Optional[Callable[[Exception], None]] = None) -> Optional[Tuple[str, dict]]:
+    """The resume gate as the runner and the ``retry`` verb both ask it: ``(why, event data)``
+    when it refuses, None when the job may start again. A source that cannot be judged is
+    WAIT, never a refusal (``on_error`` is told why)."""
+    try:
+        res = resume_gate(job, config, state_dir)
+    except Exception as exc:  # noqa: BLE001 - an unreadable source must never block a resume
+        if on_error is not None:
+            on_error(exc)
+        return None
+    if res.get("allowed", True):
+        return None
+    why = "resume refused by quality gate: %s" % (res.get("summary") or res.get("verdict"))
+    return why, {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")}
 
 
 def resume_gate(job: dict, config: dict, state_dir: Optional[str] = None) -> dict:

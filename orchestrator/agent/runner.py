@@ -292,19 +292,15 @@ class Runner:
             self.store.update_fields(job["id"], [S.QUEUED], force_resume=0)
             self.store.add_event(job["id"], "gate", "warn", "resume gate overridden with --force")
             return True
-        from orchestrator.agent.quality_hook import resume_gate  # the metric readers, only on a resume
-        try:
-            res = resume_gate(job, self.config, self.state_dir)
-        except Exception as exc:  # an unreadable source is WAIT, never STOP
-            self.store.add_event(job["id"], "gate", "warn", "resume gate could not judge: %s" % exc)
+        from orchestrator.agent.quality_hook import gate_refusal  # the metric readers, only on a resume
+        refused = gate_refusal(job, self.config, self.state_dir, on_error=lambda exc: self.store.add_event(
+            job["id"], "gate", "warn", "resume gate could not judge: %s" % exc))
+        if refused is None:
             return True
-        if res.get("allowed", True):
-            return True
-        why = "resume refused by quality gate: %s" % (res.get("summary") or res.get("verdict"))
+        why, data = refused
         if self.store.transition(job["id"], [S.QUEUED], S.QUALITY_STOPPED, ended_at=time.time(), reason=why,
                                  stop_cause=STOP_QUALITY):
-            self.store.add_event(job["id"], "quality_stopped", "error", why,
-                                 {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")})
+            self.store.add_event(job["id"], "quality_stopped", "error", why, data)
         return False
 
     def _secrets(self, job: dict) -> Optional[tuple]:

@@ -177,17 +177,13 @@ def _retry_gate(ctx: AgentContext, job: Dict[str, Any]) -> None:
     refusal is written to the job's history); an unreadable source is WAIT, as in the runner."""
     if not job["attempt"]:
         return  # never started (cancelled while queued): the runner gates only resumes
-    from orchestrator.agent.quality_hook import resume_gate  # the metric readers, only on a retry
-    try:
-        res = resume_gate(job, ctx.config, ctx.state_dir)
-    except Exception:  # noqa: BLE001 - the runner treats an unjudgeable source as allowed too
+    from orchestrator.agent.quality_hook import gate_refusal  # the metric readers, only on a retry
+    refused = gate_refusal(job, ctx.config, ctx.state_dir)
+    if refused is None:
         return
-    if res.get("allowed", True):
-        return
-    why = "resume refused by quality gate: %s" % (res.get("summary") or res.get("verdict"))
-    ctx.store.add_event(job["id"], "gate", "warn", "retry %s" % why,
-                        {"evidence": res.get("evidence_path"), "verdict": res.get("verdict")})
-    evidence = " (evidence: %s)" % res["evidence_path"] if res.get("evidence_path") else ""
+    why, data = refused
+    ctx.store.add_event(job["id"], "gate", "warn", "retry %s" % why, data)
+    evidence = " (evidence: %s)" % data["evidence"] if data.get("evidence") else ""
     raise VerbError("job %s was not retried: %s%s" % (job["name"], why, evidence), GATE_REFUSED,
                     "to run it anyway: `gpurun queue retry %s --force` (the override is recorded in the "
                     "job's history)" % shlex.quote(job["name"]))

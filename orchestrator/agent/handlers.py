@@ -102,6 +102,7 @@ HANDLERS: Dict[str, Handler] = {
     P.SECRET_SET.name: _secret_set,
     P.SECRET_LS.name: _secret_ls,
     P.SECRET_RM.name: _secret_rm,
+    P.RELEASE.name: verbs.v_release,
 }
 
 if set(HANDLERS) != set(P.VERBS):  # pragma: no cover - caught by tests/agent/test_protocol.py

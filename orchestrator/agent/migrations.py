@@ -99,6 +99,13 @@ MIGRATIONS: List[Tuple[int, str, List[str]]] = [
         "ALTER TABLE jobs ADD COLUMN failure_class TEXT",
         "ALTER TABLE jobs ADD COLUMN failure_hint TEXT",
     ]),
+    (6, "jobs.moved_to (the fleet host a queued job was released to) and jobs.backend_id (the scheduler's job id)", [
+        # moved_to: set with the queued -> moved compare-and-set of the `release` verb (a fleet
+        # rebalance); backend_id: the id a batch scheduler gave the job (Slurm's job id), on
+        # hosts where the scheduler, not the daemon, runs the queue.
+        "ALTER TABLE jobs ADD COLUMN moved_to TEXT",
+        "ALTER TABLE jobs ADD COLUMN backend_id TEXT",
+    ]),
 ]
 
 LATEST = MIGRATIONS[-1][0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple, TypedDict
 
 # Bumped when a verb, a request key or a required reply key changes meaning.
-PROTOCOL_VERSION = 3  # 3: Job.quality, Job.failure_class, Job.failure_hint
+PROTOCOL_VERSION = 4  # 3: Job.quality, Job.failure_class, Job.failure_hint; 4: release, Job.moved_to/backend_id
 
 # --- errors ---------------------------------------------------------------------------
 NOT_FOUND = "not_found"
@@ -76,6 +76,8 @@ class Job(TypedDict):
     quality: Optional[Dict[str, Any]]  # the latest verdict: verdict, reason, step, checked_at, rule, final
     failure_class: Optional[str]  # why the last attempt ended (agent/failures: cuda_oom, host_oom, ...)
     failure_hint: Optional[str]
+    moved_to: Optional[str]  # state "moved": the fleet host this queued job was released to
+    backend_id: Optional[str]  # the batch scheduler's id for the job (Slurm's job id), when one runs it
     submitted_at: float
     started_at: Optional[float]
     ended_at: Optional[float]
@@ -312,6 +314,24 @@ class SecretRmReply(TypedDict):
     removed: bool  # False: no secret of that name was set
 
 
+class ReleaseRequest(TypedDict):
+    jobs: List[str]  # job ids
+    to: str  # the fleet host they go to (recorded as moved_to)
+
+
+class ReleaseRefusal(TypedDict):
+    id: str
+    state: Optional[str]  # None: no such job here
+    reason: str
+
+
+class ReleaseReply(TypedDict):
+    # each released job's spec (what submit needs to add it elsewhere, attempt included); a job
+    # already moved comes back again, so a controller that died mid-move can finish it
+    released: List[JobSpec]
+    refused: List[ReleaseRefusal]  # started, finished or unknown: it stays where it is
+
+
 class Verb:
     """A verb's name, its request and reply shapes, and whether the client's first call of a
     session may start the daemon with it (``agent_info`` and ``agent_stop`` must not)."""
@@ -348,7 +368,8 @@ AGENT_STOP = Verb("agent_stop", AgentStopRequest, AgentStopReply, starts_daemon=
 SECRET_SET = Verb("secret_set", SecretSetRequest, SecretSetReply, starts_daemon=False)
 SECRET_LS = Verb("secret_ls", SecretLsRequest, SecretLsReply, starts_daemon=False)
 SECRET_RM = Verb("secret_rm", SecretRmRequest, SecretRmReply, starts_daemon=False)
+RELEASE = Verb("release", ReleaseRequest, ReleaseReply)
 
 VERBS: Dict[str, Verb] = {v.name: v for v in (SUBMIT, STATUS, LOGS, CANCEL, RETRY, EVENTS, GPU, REAP, SNAPSHOT,
                                                CHECK, MANIFEST, MARK_PULLED, AGENT_INFO, AGENT_STOP,
-                                               SECRET_SET, SECRET_LS, SECRET_RM)}
+                                               SECRET_SET, SECRET_LS, SECRET_RM, RELEASE)}

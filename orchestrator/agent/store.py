@@ -90,11 +90,22 @@ class Store:
             # used to make the next new job #17 instead of #9.
             known = self._present_ids(cur, [j["id"] for j in jobs])
             rows = []
+            back: list[str] = []
             for j in jobs:
+                if known.get(j["id"]) == S.MOVED and j["id"] not in back:
+                    # a job released to another fleet host and now placed here again: it
+                    # lives here once more (the rebalance released it there first)
+                    cur.execute("UPDATE jobs SET state=?, moved_to=NULL, reason=?, attempt=MAX(attempt, ?),"
+                                " attempt_base=MAX(attempt_base, ?) WHERE id=? AND state=?",
+                                (S.QUEUED, "placed here again", int(j.get("attempt") or 0),
+                                 int(j.get("attempt") or 0), j["id"], S.MOVED))
+                    back.append(j["id"])
+                    added.append(j["id"])
+                    continue
                 if j["id"] in known:
                     present.append(j["id"])
                     continue
-                known.add(j["id"])  # the same id twice in one request is added once
+                known[j["id"]] = S.QUEUED  # the same id twice in one request is added once
                 added.append(j["id"])
                 rows.append((j["id"], j["name"], j["command"], j.get("cwd"), json.dumps(j.get("env") or {}),
                              int(j.get("gpus") or 0), int(j.get("retries") or 0), j.get("timeout_s"),
@@ -106,6 +117,8 @@ class Store:
                 " metrics, checkpoints, run_dir, log, source, submitted_at, attempt, attempt_base, secrets)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             cur.execute("COMMIT")
+            for jid in back:
+                self.add_event(jid, "state", "info", "moved -> queued", {"to": S.QUEUED, "reason": "placed here again"})
         except BaseException:
             # SQLite rolls back by itself after some errors ("database or disk is full"): a
             # second ROLLBACK would raise "no transaction is active" and hide the real error
@@ -115,14 +128,14 @@ class Store:
         return added, present
 
     @staticmethod
-    def _present_ids(cur: sqlite3.Cursor, ids: list) -> set:
-        """Which of ``ids`` the jobs table already holds (in chunks: old SQLite builds allow
-        only 999 bound variables per statement)."""
-        found: set = set()
+    def _present_ids(cur: sqlite3.Cursor, ids: list) -> dict:
+        """Which of ``ids`` the jobs table already holds, with their states (in chunks: old
+        SQLite builds allow only 999 bound variables per statement)."""
+        found: dict = {}
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            q = "SELECT id FROM jobs WHERE id IN (%s)" % ",".join("?" * len(chunk))
-            found.update(r[0] for r in cur.execute(q, chunk).fetchall())
+            q = "SELECT id, state FROM jobs WHERE id IN (%s)" % ",".join("?" * len(chunk))
+            found.update((r[0], r[1]) for r in cur.execute(q, chunk).fetchall())
         return found
 
     def jobs(self, states: Optional[Iterable[str]] = None) -> list[dict]:
@@ -199,14 +212,14 @@ class Store:
         return self._row(row) if row is not None else None
 
     def transition(self, job_id: str, from_states: Iterable[str], to_state: str,
-                   *, user_retry: bool = False, **fields: Any) -> bool:
+                   *, user_retry: bool = False, release: bool = False, **fields: Any) -> bool:
         """Compare-and-set: move ``job_id`` to ``to_state`` only if it is in ``from_states``.
 
         A queued job has no stop cause: moving one back to the queue (retry, requeue) clears
         ``stop_cause`` unless the caller sets it, so a stale cause never ends the next attempt."""
         if to_state == S.QUEUED:
             fields.setdefault("stop_cause", None)
-        srcs = [s for s in from_states if S.allowed(s, to_state, user_retry=user_retry)]
+        srcs = [s for s in from_states if S.allowed(s, to_state, user_retry=user_retry, release=release)]
         if not srcs:
             return False
         sets = ["state=?"]

@@ -168,6 +168,10 @@ def v_retry(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     if not S.is_terminal(job["state"]):
         raise VerbError("job %s is %s; only a finished job can be retried" % (job["name"], job["state"]),
                         BAD_INPUT, "cancel it first with `gpurun queue cancel %s`" % job["name"])
+    if job["state"] == S.MOVED:
+        raise VerbError("job %s was moved to %s; it lives there now" % (job["name"], job.get("moved_to")),
+                        BAD_INPUT, "retry it on that host: `gpurun queue retry %s --host %s`"
+                        % (shlex.quote(job["name"]), job.get("moved_to")))
     force = bool(req.get("force"))
     if not force:
         _retry_gate(ctx, job)
@@ -203,3 +207,38 @@ def v_events(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     job_id = ctx.find_job(req["job"])["id"] if req.get("job") else None
     return {"events": ctx.store.events(int(req.get("since_id", 0)), job_id, int(req.get("limit", 1000)),
                                        newest=bool(req.get("newest")))}
+
+
+def v_release(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    """Let queued jobs go to another fleet host: ``queued -> moved`` by compare-and-set, so a
+    job the runner claimed first (it started) is refused and stays here; a job moved already
+    is answered again (a controller that died between release and submit finishes the move)."""
+    to = str(req.get("to") or "")
+    if not to:
+        raise VerbError("release needs the host the jobs go to", BAD_INPUT, "pass {\"to\": HOST}")
+    released, refused = [], []
+    for jid in req.get("jobs") or []:
+        job = ctx.store.get_job(jid)
+        if job is None:
+            refused.append({"id": jid, "state": None, "reason": "no such job here"})
+            continue
+        ok = job["state"] == S.MOVED or ctx.store.transition(
+            job["id"], [S.QUEUED], S.MOVED, release=True, moved_to=to, ended_at=time.time(),
+            reason="moved to %s" % to)
+        if job["state"] == S.MOVED and job.get("moved_to") != to:
+            ok = ctx.store.update_fields(job["id"], [S.MOVED], moved_to=to, reason="moved to %s" % to)
+        if not ok:
+            now = ctx.store.get_job(jid)
+            refused.append({"id": jid, "state": now["state"] if now else None,
+                            "reason": "it is %s here" % (now["state"] if now else "gone")})
+            continue
+        released.append(_spec(job))
+    return {"released": released, "refused": refused}
+
+
+def _spec(job: Dict[str, Any]) -> Dict[str, Any]:
+    """What submit needs to add ``job`` on another host: its spec and its attempt count
+    (a job that ran before is a resume there, and passes the quality gate)."""
+    keys = ("id", "name", "command", "cwd", "env", "gpus", "retries", "timeout_s", "metrics", "checkpoints",
+            "source", "secrets", "attempt")
+    return {k: job.get(k) for k in keys}

@@ -79,6 +79,10 @@ class AgentClient:
     def cancel(self, jobs: List[str], all_: bool = False) -> P.CancelReply:
         return cast(P.CancelReply, self._call(P.CANCEL, {"jobs": jobs, "all": all_}))
 
+    def release(self, ids: List[str], to: str) -> P.ReleaseReply:
+        """Let queued jobs go to fleet host ``to`` (compare-and-set; a started job is refused)."""
+        return cast(P.ReleaseReply, self._call(P.RELEASE, {"jobs": ids, "to": to}))
+
     def retry(self, job: str, force: bool = False) -> P.RetryReply:
         return cast(P.RetryReply, self._call(P.RETRY, {"job": job, "force": force}))
 

@@ -39,7 +39,8 @@ def _box(tmp_path: Path, version: int | None = None) -> Path:
     return state
 
 
-ADDED = ("stop_cause", "secrets", "quality", "failure_class", "failure_hint")  # columns of migrations 2-5
+ADDED = ("stop_cause", "secrets", "quality", "failure_class", "failure_hint",  # columns of migrations 2-6
+         "moved_to", "backend_id")
 
 
 def _dump(path: Path) -> dict:

@@ -104,6 +104,13 @@ class JobNotFound(BadInput):
     code = "job_not_found"
 
 
+class FleetError(BadInput):
+    """A fleet name is unknown or malformed, or ``fleets.json`` cannot be used (the message
+    names the file, line and key)."""
+
+    code = "fleet"
+
+
 class MetricsSourceError(BadInput):
     """``gpurun check SOURCE``: the path does not exist, cannot be read, or is in no known
     metrics format; the message names the path (and the formats tried)."""
@@ -205,6 +212,13 @@ class Unsupported(OperationalError):
     exit_code = 2
 
 
+class SchedulerError(OperationalError):
+    """The host's batch scheduler (Slurm: ``sbatch``, ``squeue``, ``scancel``) refused or
+    failed; the message carries its own words."""
+
+    code = "scheduler"
+
+
 class VerificationError(OperationalError):
     """A pulled artifact does not match its manifest (size, hash, load check)."""
 
@@ -273,6 +287,8 @@ def from_agent(kind: str | None, message: str, hint: str | None = None, *,
         return GateRefused(message, hint)
     if kind == "disk_full":  # the box's state dir is full: the agent refused, changing nothing
         return DiskFull(message, hint)
+    if kind == "scheduler":  # the host's batch scheduler (sbatch, squeue, scancel) said no
+        return SchedulerError(message, hint)
     if kind in ("unknown_verb", "protocol"):
         return AgentProtocolError(message, hint or _AGENT_PROTOCOL_HINT)
     if kind == "internal":

@@ -30,7 +30,9 @@ STORE_TOO_NEW = "store_too_new"
 AGENT_START = "agent_start"
 INTERNAL = "internal"
 GATE_REFUSED = "gate_refused"  # a safety gate said no (the resume gate on retry); nothing changed
-ERROR_KINDS = (NOT_FOUND, BAD_INPUT, CONFLICT, UNKNOWN_VERB, STORE_TOO_NEW, AGENT_START, INTERNAL, GATE_REFUSED)
+SCHEDULER = "scheduler"  # the host's batch scheduler (Slurm) refused or failed; its words in the message
+ERROR_KINDS = (NOT_FOUND, BAD_INPUT, CONFLICT, UNKNOWN_VERB, STORE_TOO_NEW, AGENT_START, INTERNAL, GATE_REFUSED,
+               SCHEDULER)
 
 
 class VerbError(Exception):

@@ -67,6 +67,7 @@ def test_documented_codes_and_exit_codes():
         "CapacityError": ("capacity", 1), "Unsupported": ("unsupported", 2),
         "VerificationError": ("verification", 1), "GateRefused": ("gate_refused", 3),
         "MetricsSourceError": ("metrics_source", 2), "DiskFull": ("disk_full", 1),
+        "FleetError": ("fleet", 2), "SchedulerError": ("scheduler", 1),
     }
     for name, (code, exit_code) in expect.items():
         cls = getattr(E, name)

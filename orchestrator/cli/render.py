@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from orchestrator.core.queue import Job
 
 STATE_STYLE = {"queued": "cyan", "running": "yellow", "succeeded": "green", "failed": "red",
-               "cancelled": "magenta", "quality_stopped": "bold red"}
+               "cancelled": "magenta", "quality_stopped": "bold red", "moved": "dim"}
 
 
 # what `main` says after "gpurun: interrupted" (set by a command before it blocks)
@@ -83,7 +83,8 @@ def json_job(j: Job) -> dict[str, Any]:
             "command": j["command"], "cwd": j["cwd"], "log": j["log"], "run_dir": j["run_dir"],
             "reason": j["reason"], "secrets": list(j.get("secrets") or []), "submitted_at": iso(j["submitted_at"]), "started_at": iso(j["started_at"]),
             "ended_at": iso(j["ended_at"]), "quality": json_quality(j.get("quality")),
-            "failure_class": j.get("failure_class"), "failure_hint": j.get("failure_hint")}
+            "failure_class": j.get("failure_class"), "failure_hint": j.get("failure_hint"),
+            "moved_to": j.get("moved_to"), "backend_id": j.get("backend_id")}
 
 
 QUALITY_KEYS = ("verdict", "reason", "rule", "step", "last_step", "final", "attempt", "source", "url", "evidence")

@@ -150,6 +150,8 @@ ENTRY: dict[str, tuple] = {
     "insecure_host_key": _opt((bool, type(None)), "true or false"),
     "instance": _opt((dict, type(None)), "a mapping or null"),
     "secrets": _opt((list, type(None)), "a list of names or null"),
+    # a Slurm host's own sbatch defaults (partition, account, ...), over its profile's `slurm:`
+    "slurm": _opt((dict, type(None)), "a mapping {partition, account, qos, constraint, ...} or null"),
 }
 
 

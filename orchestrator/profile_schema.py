@@ -63,10 +63,19 @@ HOW = Obj({"command": Str(nullable=True), "api": Str(nullable=True),
 VERB = Obj({"name": Str(required=True), "description": Str(required=True),
             "irreversible": Bool(required=True), "how": HOW}, required=True)
 
+_SBATCH_WORD = (lambda v: re.fullmatch(r"[A-Za-z0-9_.:,+%=@/-]+", v) is not None,
+                "letters, digits and . _ - : , + % = @ / (no spaces or quotes)")
+_SBATCH_OPT = (lambda v: re.fullmatch(r"--[a-z][a-z-]*(=[^\s'\"\\]+)?", v) is not None,
+               "one sbatch long option like --mem=32G (no spaces or quotes)")
+SLURM = Obj({"partition": Str(nullable=True, check=_SBATCH_WORD), "account": Str(nullable=True, check=_SBATCH_WORD),
+             "qos": Str(nullable=True, check=_SBATCH_WORD), "constraint": Str(nullable=True, check=_SBATCH_WORD),
+             "time_default": Str(nullable=True, check=_NONEMPTY), "gres": Str(nullable=True, check=_SBATCH_WORD),
+             "extra": List(Str(check=_SBATCH_OPT))})
+
 SCHEMA = Obj({
     "name": Str(required=True),
     "description": Str(required=True),
-    "kind": Str(required=True, choices=("local", "ssh", "ssh-rental", "cloud-api")),
+    "kind": Str(required=True, choices=("local", "ssh", "ssh-rental", "cloud-api", "slurm")),
     "extends": Str(),
     "sources": List(Str(), required=True),
     "checked": Str(required=True, check=_MONTH),
@@ -156,6 +165,9 @@ SCHEMA = Obj({
     # Secret NAMES (`gpurun secret set NAME --host H`) every job on hosts of this profile gets
     # in its environment unless its queue line says `secrets=`: names only, never values.
     "secrets": List(Str(check=_SECRET_NAME)),
+    # A Slurm cluster (kind: slurm): what every sbatch asks for (agent/slurm.py). A host entry's
+    # `slurm:` keys win over these, a queue line's partition=/account=/qos=/constraint= over both.
+    "slurm": SLURM,
 })
 
 # A key NAME that holds a secret value rather than the name of an env var holding it.
@@ -368,13 +380,17 @@ def tier_for(path: str, tiers: list[dict]) -> dict | None:
 
 
 def check_state_dir(data: dict, v: Validator) -> None:
-    """The agent's SQLite must survive a stop and must not sit on a network filesystem."""
+    """The agent's SQLite must survive a stop and must not sit on a network filesystem (but
+    on a Slurm cluster's shared home, opened from one login node only)."""
     sd = data["paths"]["state_dir"]
     tier = tier_for(sd, data["storage"])
     p = ("paths", "state_dir")
     if tier is None:
         v.fail(p, f"{sd} is on no declared storage tier", "add a tier to 'storage:' holding it")
-    if tier["network_fs"]:
+    # A Slurm host's store is opened only by the verb processes of one login node (no daemon,
+    # and the compute nodes write run-dir files only), so no lock is shared between hosts; its
+    # run dirs must be on the shared filesystem the compute nodes write.
+    if tier["network_fs"] and data.get("kind") != "slurm":
         v.fail(p, f"{sd} is on tier '{tier['name']}', a network filesystem where SQLite "
                "locking breaks", "put state_dir on a local disk tier that survives stop")
     if not tier["survives_stop"]:

@@ -4,6 +4,7 @@
     python train.py --lr 3e-4
     [name=big gpus=2 retries=1 timeout=6h cwd=/data env.SEED=1 metrics=run/m.jsonl] python train.py
     [secrets=WANDB_API_KEY,HF_TOKEN] python train.py   # names of `gpurun secret set` values, never values
+    [partition=gpu account=lab42 qos=short constraint=a100] python train.py   # sbatch's, on a Slurm host
 
 Blank lines and ``#`` comments are skipped; CRLF, a UTF-8 BOM and a missing final newline are
 fine. Only ``\\n`` (or ``\\r\\n``) ends a line: form feeds, ``\\x1c``-``\\x1e``, NEL and the
@@ -25,7 +26,11 @@ from pathlib import Path
 from orchestrator.errors import QueueFileError
 from orchestrator.inputfile import read_text
 
-KEYS = ("name", "gpus", "retries", "timeout", "cwd", "metrics", "checkpoints", "secrets")
+KEYS = ("name", "gpus", "retries", "timeout", "cwd", "metrics", "checkpoints", "secrets",
+        "partition", "account", "qos", "constraint")
+# sbatch's options for one job on a Slurm host (agent/slurm.py); other hosts have no use for them
+SLURM_KEYS = ("partition", "account", "qos", "constraint")
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_.:,+%=@/|&*-]+$", re.ASCII)
 # re.ASCII: int() and float() read full-width and other Unicode digits ("gpus=１" was 1).
 DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(s|sec|m|min|h|hr|d)?$", re.I | re.ASCII)
 UNITS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
@@ -69,6 +74,7 @@ class JobSpec:
     metrics: str | None = None
     checkpoints: str | None = None
     secrets: list[str] | None = None  # None: the host's default; [] (``secrets=``): none
+    slurm: dict[str, str] = field(default_factory=dict)  # partition=, account=, qos=, constraint=
 
     @property
     def id(self) -> str:
@@ -200,7 +206,9 @@ def wandb_metrics(val: str, where: str) -> str | None:
 
 
 _FORMS = {"gpus": "a whole number >= 0", "retries": "a whole number >= 0",
-          "timeout": "a duration like 90, 90s, 30m, 6h or 2d"}
+          "timeout": "a duration like 90, 90s, 30m, 6h or 2d",
+          **{k: "a Slurm name like gpu or a100 (letters, digits, . _ - : , + % = @ / | & *)"
+             for k in SLURM_KEYS}}
 
 
 def _bad_value(key: str, val: str, where: str, why: str = "is not valid", limit: str = "") -> QueueFileError:
@@ -263,6 +271,11 @@ def _apply(spec: JobSpec, token: str, where: str, seen: set[str]) -> None:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise QueueFileError(f"{where}: unknown option {key!r}",
                              hint + "valid options: " + ", ".join(KEYS) + ", env.NAME")
+    if key in SLURM_KEYS:
+        if not SLURM_WORD.match(val):
+            raise _bad_value(key, val, where, "is not a Slurm name")
+        spec.slurm[key] = val
+        return
     ref = wandb_metrics(val, where) if key == "metrics" else None
     if ref:
         spec.metrics = ref

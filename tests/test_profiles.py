@@ -13,7 +13,7 @@ from orchestrator.errors import ProfileError
 from orchestrator.profiles import (EMBEDDED_LOCAL, EMBEDDED_SOURCE, list_profiles,
                                    load_profile, plain_words)
 
-SHIPPED = ["autodl", "generic-ssh", "lambda", "local", "paperspace", "runpod", "vastai"]
+SHIPPED = ["autodl", "generic-ssh", "lambda", "local", "paperspace", "runpod", "slurm", "vastai"]
 
 
 @pytest.fixture
@@ -54,7 +54,9 @@ def test_state_dir_survives_stop_and_is_never_on_a_network_fs(isolated_home: Pat
 
     for p in list_profiles():
         tier = tier_for(p.data["paths"]["state_dir"], p.data["storage"])
-        assert tier["survives_stop"] and not tier["network_fs"], p.name
+        # a Slurm cluster's home is shared by design (the compute nodes write the run dirs);
+        # its store is opened from one login node only (profile_schema.check_state_dir)
+        assert tier["survives_stop"] and (not tier["network_fs"] or p.data["kind"] == "slurm"), p.name
 
 
 def test_embedded_local_equals_the_shipped_yaml() -> None:

@@ -109,6 +109,7 @@ class JobSpec(TypedDict, total=False):
     source: Optional[str]
     secrets: List[str]  # secret NAMES (``gpurun secret set``) the runner exports at launch
     attempt: int  # carried by a job moved from a lost box (`gpurun recover`)
+    slurm: Dict[str, str]  # partition/account/qos/constraint for sbatch (a Slurm host; kept in spec.json)
 
 
 # --- requests and replies, verb by verb ---------------------------------------------------

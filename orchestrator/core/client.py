@@ -41,6 +41,9 @@ def host_config(host: dict) -> dict:
         if host.get(key) is not None:
             cfg[key] = host[key]
     cfg["provider"] = (host.get("instance") or {}).get("provider") or host.get("profile")
+    if prof.get("kind") == "slurm":  # no daemon: each job is an sbatch job (agent/slurm.py)
+        cfg["scheduler"] = "slurm"
+        cfg["slurm"] = {**(prof.get("slurm") or {}), **(host.get("slurm") or {})}
     return cfg
 
 

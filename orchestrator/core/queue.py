@@ -155,6 +155,7 @@ def to_jobs(specs: list[JobSpec], host: dict, source: str, cwd: str | None = Non
             "metrics": _resolve(job_cwd, spec.metrics, local), "checkpoints": _resolve(job_cwd, spec.checkpoints, local),
             "source": f"{source}:{spec.line}",
             "secrets": list(spec.secrets if spec.secrets is not None else default_secrets or []),
+            **({"slurm": dict(spec.slurm)} if spec.slurm else {}),  # sbatch's options (a Slurm host)
         })
     return jobs, warnings
 

@@ -52,8 +52,89 @@ def _headline(a: Assessment, host: str, out: Path) -> list[str]:
     return lines
 
 
+def _down_fleet(fleet: str, *, yes: bool, confirm_fleet: Optional[str], dry_run: bool, dest: Optional[str],
+                as_json: bool) -> None:
+    """``down --fleet``: the gate of ``down`` judged per member (``core/fleet_views.judge_members``),
+    one line per member, then one confirmation for the members whose meter would stop, then each
+    member's verb. A member whose results are not verified at home is refused, never stopped."""
+    from contextlib import ExitStack
+
+    from orchestrator.core import teardown as td
+    from orchestrator.core import teardown_destroy as tdd
+    from orchestrator.core.fleet_views import judge_members, members, outcome
+
+    names = members(fleet)
+    rows: list[dict] = []
+    with ExitStack() as stack:
+        gates = judge_members(stack, names, dest=dest, dry_run=dry_run)
+        judged = [g for g in gates if g.error is None]
+        passing = [g for g in judged if g.decision.step != td.REFUSE]
+        # the members whose meter gpurun would stop: those are what a confirmation is about
+        meters = [g for g in passing if not (g.target.verb.get("manual") or g.target.verb.get("no_meter"))]
+        typed = [g for g in meters if g.decision.step == td.ASK_TYPED]  # unreachable: judged from home
+        how: Optional[str] = None
+        confirmed = True
+        if meters and not dry_run:
+            for g in meters:
+                for w in g.decision.warnings:
+                    click.echo(f"{g.host}: {w}", err=True)
+            listed = ", ".join(f"{g.host} ({g.target.verb['verb']})" for g in meters)
+            try:
+                if typed or confirm_fleet is not None:
+                    confirmed, how, refused = tdd.typed_answer(
+                        fleet, f"Type the fleet name ({fleet}) to stop the meter on {listed}",
+                        confirm_host=confirm_fleet, isatty=sys.stdin.isatty,
+                        prompt=lambda q: click.prompt(q, default="", show_default=False, err=True))
+                    if refused is not None:  # not a terminal and no --confirm-fleet: refused as such
+                        confirmed = False
+                        click.echo(f"gpurun: {refused.message}; hint: pass --confirm-fleet {fleet}", err=True)
+                elif not yes:
+                    confirmed = click.confirm(f"Stop the meter on {listed}?", default=False, err=True)
+            except click.Abort:
+                confirmed = False
+        for g in gates:
+            action, word, why, decision = None, "", "", "refused"
+            if g.error is None and g.decision.step != td.REFUSE and not dry_run:
+                if g in meters and not confirmed:
+                    word, why, decision = "not stopped", "not confirmed; nothing was changed", "aborted"
+                else:
+                    try:
+                        action = td.execute(g.session, g.target.verb, offline=g.assessment.offline,
+                                            provider_state=g.assessment.provider_state)
+                        decision = "proceeded"
+                    except GateRefused as exc:
+                        word, why = "refused", exc.message
+            if not word:
+                word, why = outcome(g, action)
+                if dry_run:
+                    decision = "dry_run"
+            if g.assessment is not None:
+                td.record_decision(g.assessment, g.target.verb, decision, without_artifacts=False, action=action,
+                                   fleet=fleet, confirmation=how if g in meters else None)
+            rows.append({"host": g.host, "outcome": word, "why": why, "decision": decision, "action": action,
+                         "assessment": g.assessment.as_dict() if g.assessment is not None else None,
+                         "error": g.error})
+    if as_json:
+        click.echo(json.dumps({"fleet": fleet, "dry_run": dry_run, "hosts": rows}, indent=1, sort_keys=True,
+                              default=str))
+    else:
+        for r in rows:
+            click.echo(f"{r['host']}: {r['outcome']}: {r['why']}")
+    refused = [r["host"] for r in rows if r["decision"] in ("refused", "aborted")]
+    if refused:
+        raise GateRefused(f"down --fleet {fleet}: {len(refused)} of {len(rows)} member(s) not stopped: "
+                          + ", ".join(refused),
+                          f"pull their results first (`gpurun pull --fleet {fleet}`) or wait for their jobs; "
+                          "`gpurun down HOST` says more about one member")
+
+
 @click.command("down")
-@host_argument()
+@host_argument(required=False)
+@click.option("--fleet", default=None, metavar="NAME",
+              help="Every member of fleet NAME: the gate judged per member, one line each (stopped / refused and "
+                   "why / nothing to stop); exit 3 if any member is refused.")
+@click.option("--confirm-fleet", default=None, metavar="NAME",
+              help="With --fleet, for scripts: the typed confirmation, given explicitly (must be the fleet's name).")
 @click.option("--yes", "-y", is_flag=True,
               help="Do not ask before stopping the meter (the gate still applies; not enough when the box "
                    "is unreachable).")
@@ -71,8 +152,9 @@ def _headline(a: Assessment, host: str, out: Path) -> list[str]:
 @click.option("--dest", default=None, help="Where `gpurun pull` put the artifacts (default: where the last pull "
               "of this host went, else pull.dest, else the data dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
-def down(host: str, yes: bool, without_artifacts: bool, destroy: bool, confirm_host: Optional[str],
-         dry_run: bool, dest: Optional[str], as_json: bool) -> None:
+def down(host: Optional[str], fleet: Optional[str], confirm_fleet: Optional[str], yes: bool,
+         without_artifacts: bool, destroy: bool, confirm_host: Optional[str], dry_run: bool, dest: Optional[str],
+         as_json: bool) -> None:
     """Stop the meter on HOST, only after every job ended and every artifact is verified at home.
 
     Prints what the provider's verb does (reversible or not, what is deleted, what still
@@ -83,6 +165,18 @@ def down(host: str, yes: bool, without_artifacts: bool, destroy: bool, confirm_h
     any directory (--dest to check elsewhere). For a box gpurun cannot stop (generic-ssh) it
     reports, asks nothing, and says what you must do.
     """
+    if fleet is not None:
+        from orchestrator.errors import BadInput
+        if host or destroy or without_artifacts or confirm_host:
+            raise BadInput("--fleet takes no HOST, --destroy, --without-artifacts or --confirm-host",
+                           "a fleet's meters stop only once each member's results are verified at home; "
+                           "for one host's exceptions use `gpurun down HOST ...`")
+        _down_fleet(fleet, yes=yes, confirm_fleet=confirm_fleet, dry_run=dry_run, dest=dest, as_json=as_json)
+        return
+    if confirm_fleet is not None:
+        raise click.UsageError("--confirm-fleet goes with --fleet NAME")
+    if host is None:
+        raise click.UsageError("name the host: HOST or --host NAME (see `gpurun host ls`), or --fleet NAME")
     from orchestrator.core import teardown as td
     from orchestrator.core import teardown_destroy as tdd
     from orchestrator.core.session import open_session

@@ -120,8 +120,52 @@ def _echo_pass(summary: dict) -> None:
     click.echo(f"[{stamp}] {summary['host']} via {summary.get('method', '?')}: {state}", err=True)
 
 
+def _pull_fleet(fleet: str, *, jobs: tuple[str, ...], dest: Optional[str], loop: bool, interval: Optional[float],
+                use_s3: bool, rehash: bool, as_json: bool) -> None:
+    """``pull --fleet``: every member into DEST/HOST/...; a member that fails is reported and
+    the others go on (exit 1 at the end); ``--loop`` rebalances the fleet each round."""
+    from orchestrator.cli.render import on_interrupt
+    from orchestrator.core.fleet_views import Balancer, members, pull_fleet
+
+    names = members(fleet)
+    on_interrupt(f"pull stopped: files verified so far are home and a partial file resumes on the next pull; "
+                 f"jobs keep running on the members of {fleet} (see `gpurun queue status --fleet {fleet}`)")
+
+    def each(summary: dict) -> None:
+        if summary.get("error"):
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {summary['host']}: pull failed: {summary['error']}"
+                       + ("; trying again next round" if loop else ""), err=True)
+        elif as_json:
+            _echo_refusals(summary)
+        else:
+            _echo_pass(summary)
+
+    def moved(lines: list[str]) -> None:
+        for line in lines:
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {line}", err=True)
+
+    bars = RichProgress() if not as_json and sys.stderr.isatty() else None
+    kwargs = dict(jobs=list(jobs) or None, dest=dest, loop=loop, interval=interval, use_s3=use_s3, rehash=rehash,
+                  on_pass=each, balance=Balancer(names) if loop else None, on_moves=moved)
+    if bars is not None:  # bars draw one file at a time: members one after the other
+        with bars:
+            res = pull_fleet(names, progress=bars, **kwargs)
+    else:
+        res = pull_fleet(names, progress=Notes(), parallel=True, **kwargs)
+    if as_json:
+        click.echo(json.dumps({"fleet": fleet, **res}, indent=1, sort_keys=True))
+    failed = [h["host"] for h in res["hosts"] if h.get("error") or (not h["done"] and
+                                                                     any(j["failed"] for j in h["jobs"]))]
+    if failed:
+        click.echo(f"gpurun: pull --fleet {fleet}: {len(failed)} member(s) not pulled: {', '.join(failed)}", err=True)
+        sys.exit(1)
+
+
 @click.command("pull")
 @host_option(help="Host from the inventory (default: $GPURUN_HOST or local).")
+@click.option("--fleet", default=None, metavar="NAME",
+              help="Pull every member of fleet NAME (each into DEST/HOST/...); with --loop, also rebalance "
+                   "the fleet's queued jobs each round.")
 @click.option("--job", "-j", "jobs", multiple=True, help="Only this job (id, name or number); repeatable.")
 @click.option("--dest", default=None, help="Local destination (default: pull.dest, else artifacts/ in gpurun's data dir).")
 @click.option("--loop", is_flag=True, help="Repeat until the queue is done and everything is home.")
@@ -132,14 +176,22 @@ def _echo_pass(summary: dict) -> None:
               help="Re-read every local copy now; re-pull any that changed (each pull also re-reads the "
                    "1/N checked longest ago: pull.reverify, default 10).")
 @click.option("--json", "as_json", is_flag=True, help="Print the last pass as JSON (no progress bars).")
-def pull(host: Optional[str], jobs: tuple[str, ...], dest: Optional[str], loop: bool,
+def pull(host: Optional[str], fleet: Optional[str], jobs: tuple[str, ...], dest: Optional[str], loop: bool,
          interval: Optional[float], use_s3: bool, rehash: bool, as_json: bool) -> None:
     """Bring a host's artifacts home, verified.
 
     Each file is staged under .gpurun-partial/, checked against the host's SHA-256, then
     renamed; an interrupted pull resumes. Remote files are never deleted. Files land in
-    DEST/HOST/JOB_ID/ next to PULL_VERIFIED.json.
+    DEST/HOST/JOB_ID/ next to PULL_VERIFIED.json. With --fleet, every member in turn; one that
+    fails is reported and the others still pulled (exit 1).
     """
+    if fleet is not None:
+        if host:
+            from orchestrator.errors import BadInput
+            raise BadInput("--fleet names the hosts itself: drop --host", f"e.g. `gpurun pull --fleet {fleet}`")
+        _pull_fleet(fleet, jobs=jobs, dest=dest, loop=loop, interval=interval, use_s3=use_s3, rehash=rehash,
+                    as_json=as_json)
+        return
     from orchestrator.cli.render import on_interrupt
     from orchestrator.core.hosts import resolve
     from orchestrator.core.pull import pull as run_pull

@@ -110,16 +110,24 @@ def render_table(host: str, jobs: list[Job], slots: int | None = None) -> None:
 @queue.command()
 @HOST_OPT
 @click.option("--all-hosts", is_flag=True, help="Query every host in the inventory, in parallel.")
+@click.option("--fleet", default=None, metavar="NAME",
+              help="Every member of fleet NAME, in parallel (a job moved to another member is shown there only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON shape.")
-def status(host: str | None, all_hosts: bool, as_json: bool) -> None:
+def status(host: str | None, all_hosts: bool, fleet: str | None, as_json: bool) -> None:
     """Show the jobs on a host and their states.
 
     On a terminal: a table fitted to its width (a job's reason on a dim line under it). Piped:
     a header and one plain line per job (full id, reason last) for grep, awk and wc -l.
+    With --all-hosts or --fleet: one table per host (piped: one table with a HOST column); a
+    host that cannot be asked is one line on stderr and exit 1, the others are still shown.
     """
     from orchestrator.core import queue as core
     from orchestrator.core.hosts import list_hosts, resolve
-    if not all_hosts:
+    if fleet is not None and (host or all_hosts):
+        from orchestrator.errors import BadInput
+        raise BadInput("--fleet names the hosts itself: drop --host / --all-hosts",
+                       f"e.g. `gpurun queue status --fleet {fleet}`")
+    if not all_hosts and fleet is None:
         entry = resolve(host)
         name, jobs, disk = core.status_report(entry["name"], table=not as_json)
         if as_json:
@@ -129,22 +137,29 @@ def status(host: str | None, all_hosts: bool, as_json: bool) -> None:
                 click.echo(f"gpurun: {name}: {disk['message']}\n  hint: {disk['hint']}", err=True)
             render_table(name, jobs, entry.get("slots"))
         return
-    results = core.status_all(table=not as_json)
+    if fleet is not None:
+        from orchestrator.core.fleet_views import fleet_status, members
+        results = fleet_status(members(fleet), table=not as_json)
+    else:
+        results = core.status_all(table=not as_json)
     if as_json:
-        emit_json({"hosts": [{"host": r["host"], "jobs": [json_job(j) for j in r["jobs"]],
+        emit_json({**({"fleet": fleet} if fleet is not None else {}),
+                   "hosts": [{"host": r["host"], "jobs": [json_job(j) for j in r["jobs"]],
                               **({"error": r["error"]} if "error" in r else {})} for r in results]})
     elif stdout_is_tty():
         slots = {h["name"]: h.get("slots") for h in list_hosts()}
         for r in results:
-            if "error" in r:
-                console().print(f"[red]{r['host']}: {r['error']}[/]")
-            else:
+            if "error" not in r:
                 render_table(r["host"], r["jobs"], slots.get(r["host"]))
+            elif fleet is None:
+                console().print(f"[red]{r['host']}: {r['error']}[/]")
+            else:  # a fleet member that failed: one line on stderr, the others still shown
+                click.echo(f"gpurun: {r['host']}: unreachable: {r['error']}", err=True)
     else:  # one table with a HOST column; a host that failed is reported on stderr
         click.echo("\n".join(plain_job_lines([(r["host"], j) for r in results for j in r["jobs"]])))
         for r in results:
             if "error" in r:
-                click.echo(f"gpurun: {r['host']}: {r['error']}", err=True)
+                click.echo(f"gpurun: {r['host']}: {'unreachable: ' if fleet else ''}{r['error']}", err=True)
     if any("error" in r for r in results):
         sys.exit(1)
 
@@ -229,34 +244,54 @@ def retry(job: str, host: str | None, force: bool) -> None:
 @queue.command()
 @click.argument("job", required=False, shell_complete=complete_jobs)
 @HOST_OPT
+@click.option("--fleet", default=None, metavar="NAME",
+              help="Every member of fleet NAME, merged by time, each line with its host.")
 @click.option("--limit", type=AsciiInt(min=1), default=50, show_default=True, help="Newest events to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print {host, events: [{id, ts, ts_unix, job_id, job_name, "
-              "kind, severity, message, data}]} (ts is ISO 8601 UTC).")
-def events(job: str | None, host: str | None, limit: int, as_json: bool) -> None:
+              "kind, severity, message, data}]} (ts is ISO 8601 UTC); with --fleet {fleet, events: [... host], "
+              "errors: [{host, error}]}.")
+def events(job: str | None, host: str | None, fleet: str | None, limit: int, as_json: bool) -> None:
     """A job's history (or the host's): state changes, retries, watchdog and quality findings."""
     from orchestrator.core.hosts import known_jobs
     from orchestrator.core.session import open_session
-    with open_session(host) as s:
-        evs = s.events(job, limit, newest=True)["events"]
-        name = s.host["name"]
-        names = {j["id"]: j["name"] for j in known_jobs(name)}
-        if any(e.get("job_id") and e["job_id"] not in names for e in evs):
-            # jobs the home records do not know yet (submitted from another machine): ask once
-            names.update({j["id"]: j["name"] for j in s.status()["jobs"]})
-    for e in evs:
-        e["job_name"] = names.get(e.get("job_id") or "")
+    errors: list[dict] = []
+    if fleet is not None:
+        if host:
+            from orchestrator.errors import BadInput
+            raise BadInput("--fleet names the hosts itself: drop --host", f"e.g. `gpurun queue events --fleet {fleet}`")
+        from orchestrator.core.fleet_views import fleet_events, members
+        evs, errors = fleet_events(members(fleet), job, limit)
+        name = fleet
+    else:
+        with open_session(host) as s:
+            evs = s.events(job, limit, newest=True)["events"]
+            name = s.host["name"]
+            names = {j["id"]: j["name"] for j in known_jobs(name)}
+            if any(e.get("job_id") and e["job_id"] not in names for e in evs):
+                # jobs the home records do not know yet (submitted from another machine): ask once
+                names.update({j["id"]: j["name"] for j in s.status()["jobs"]})
+        for e in evs:
+            e["job_name"] = names.get(e.get("job_id") or "")
     if as_json:
-        emit_json({"host": name, "events": [dict(e, ts=iso(e["ts"]), ts_unix=e["ts"]) for e in evs]})
-        return
-    from rich.markup import escape
-    style = {"warn": "yellow", "error": "red", "critical": "bold red"}
-    out = console()
-    width = max([len(_job_label(e)) for e in evs] + [0])
-    for e in evs:
-        sev = e["severity"]
-        out.print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['ts']))}  "
-                  f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {escape(_job_label(e)):<{width}}  "
-                  f"{escape(e['message'])}", soft_wrap=True)
+        shown = [dict(e, ts=iso(e["ts"]), ts_unix=e["ts"]) for e in evs]
+        emit_json({"fleet": name, "events": shown, "errors": errors} if fleet is not None else
+                  {"host": name, "events": shown})
+    else:
+        from rich.markup import escape
+        style = {"warn": "yellow", "error": "red", "critical": "bold red"}
+        out = console()
+        width = max([len(_job_label(e)) for e in evs] + [0])
+        hw = max([len(e.get("host") or "") for e in evs] + [0])
+        for e in evs:
+            sev = e["severity"]
+            where = f"{escape(e['host']):<{hw}}  " if fleet is not None else ""
+            out.print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['ts']))}  {where}"
+                      f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {escape(_job_label(e)):<{width}}  "
+                      f"{escape(e['message'])}", soft_wrap=True)
+    for err in errors:  # a member that failed: one line on stderr, the others' events shown
+        click.echo(f"gpurun: {err['host']}: unreachable: {err['error']}", err=True)
+    if errors:
+        sys.exit(1)
 
 
 def _job_label(e: dict) -> str:

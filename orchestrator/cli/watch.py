@@ -215,9 +215,24 @@ def render(hosts: list[dict]) -> Any:
     return Group(*parts)
 
 
+def hide_moved(snaps: list[dict]) -> list[dict]:
+    """A fleet's snapshots less the ``moved`` rows of jobs another member holds
+    (``core/fleet_views.visible_jobs``); the finished count drops by as many."""
+    from orchestrator.core.fleet_views import visible_jobs
+    kept = visible_jobs([{"host": h["host"], "jobs": h.get("jobs") or []} for h in snaps])
+    for h, k in zip(snaps, kept):
+        if h.get("ok") and len(k["jobs"]) != len(h["jobs"]):
+            h["finished_total"] = max(0, int(h.get("finished_total") or 0) - (len(h["jobs"]) - len(k["jobs"])))
+            h["jobs"] = k["jobs"]
+    return snaps
+
+
 @click.command()
 @host_option(name="hosts", multiple=True,
               help="Host to watch; repeat for several (default: every SSH host in the inventory, else local).")
+@click.option("--fleet", default=None, metavar="NAME",
+              help="Watch every member of fleet NAME, and rebalance its queued jobs as you watch "
+                   "(at most every 10 s; each move is a line).")
 @click.option("--interval", type=seconds(min=0.5), default=5.0, show_default=True,
               help="Seconds between polls.")
 @click.option("--once", is_flag=True, help="Poll once, print and exit.")
@@ -226,13 +241,39 @@ def render(hosts: list[dict]) -> Any:
               help="Seconds to wait for one host's reply.")
 @click.option("--finished", type=AsciiInt(min=0), default=5, show_default=True, metavar="N",
               help="Finished jobs to show per host, latest first (every active job is always shown).")
-def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, timeout: float,
+def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool, as_json: bool, timeout: float,
           finished: int) -> None:
     """Live view of hosts (CPU, load, memory), GPUs (util, memory, temperature, power, health)
-    and jobs (state, runtime, current step and loss, watchdog findings)."""
+    and jobs (state, runtime, current step and loss, watchdog findings).
+
+    With --fleet, every poll also rebalances the fleet (at most every 10 s): queued jobs move
+    off a member that is lost or busy to one with room, each move shown as a line."""
     from orchestrator.core import agentship
     from orchestrator.core.hosts import watch_targets
     from orchestrator.core.session import open_session
+
+    balancer = None
+    if fleet is not None:
+        from orchestrator.core.fleet_views import Balancer, members
+        names = members(fleet)
+        hosts = tuple(dict.fromkeys(list(hosts) + names))  # --host adds to the fleet's members
+        balancer = Balancer(names)
+    moves: list[str] = []  # the latest move lines, shown under the hosts
+
+    def polled() -> list[dict]:
+        if balancer is not None:
+            new = balancer()
+            moves.extend(time.strftime("%H:%M:%S ") + m for m in new)
+            del moves[:-10]
+        snaps = poll(sessions, pool, timeout, finished)
+        return hide_moved(snaps) if fleet is not None else snaps
+
+    def shown(snaps: list[dict]) -> Any:
+        if not moves:
+            return render(snaps)
+        from rich.console import Group
+        from rich.text import Text
+        return Group(render(snaps), *[Text(m) for m in moves])
 
     entries = watch_targets(hosts)
     agentship.build()  # once, here: parallel first calls would race to write the same zipapp
@@ -240,11 +281,16 @@ def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, ti
         sessions = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
         if once or as_json:
             while True:
-                snaps = poll(sessions, pool, timeout, finished)
+                snaps = polled()
                 if as_json:
-                    emit_strict_json({"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]})
+                    doc = {"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]}
+                    if fleet is not None:  # this poll's moves only: each document says what it saw
+                        doc.update(fleet=fleet, moves=list(moves))
+                        moves.clear()
+                    emit_strict_json(doc)
                 else:
-                    console().print(render(snaps))
+                    console().print(shown(snaps))
+                    moves.clear()
                 if once:
                     return
                 time.sleep(interval)
@@ -252,10 +298,9 @@ def watch(hosts: tuple[str, ...], interval: float, once: bool, as_json: bool, ti
 
         out = console()
         try:
-            with Live(render(poll(sessions, pool, timeout, finished)), console=out, auto_refresh=False,
-                      screen=False) as live:
+            with Live(shown(polled()), console=out, auto_refresh=False, screen=False) as live:
                 while True:
                     time.sleep(interval)
-                    live.update(render(poll(sessions, pool, timeout, finished)), refresh=True)
+                    live.update(shown(polled()), refresh=True)
         except KeyboardInterrupt:
             out.print("\nleft the watch; jobs keep running on their hosts")

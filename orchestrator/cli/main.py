@@ -30,6 +30,7 @@ from orchestrator.errors import CLI_CODES, GpurunError
 LAZY: dict[str, tuple[str, str]] = {
     "queue": ("orchestrator.cli.queue:queue", "Submit, inspect, cancel and retry queued jobs."),
     "host": ("orchestrator.cli.host:host", "Manage the host inventory (local, SSH boxes)."),
+    "fleet": ("orchestrator.cli.fleet:fleet", "Group hosts into named fleets (add, ls, rm)."),
     "profiles": ("orchestrator.cli.profiles:profiles", "List and show provider profiles."),
     "push": ("orchestrator.cli.push:push", "Send a project directory to a host."),
     "setup": ("orchestrator.cli.setup:setup", "Check and prepare a fresh box for a provider."),

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator.cli.options import AsciiInt, complete_jobs, host_option
+from orchestrator.cli.fleet import fleet_option
+from orchestrator.cli.options import HOST_HELP, AsciiInt, complete_jobs, host_option
 from orchestrator.cli.render import (STATE_STYLE, console, emit_json, iso, json_job, on_interrupt,
                                       plain_job_lines, stdout_is_tty)
 
@@ -25,7 +26,8 @@ def queue() -> None:
 
 @queue.command()
 @click.argument("file", type=click.Path(dir_okay=True, path_type=str))
-@HOST_OPT
+@host_option(HOST_HELP + " Repeat it to spread the queue over several hosts.", multiple=True)
+@fleet_option("Spread the queue over fleet NAME's hosts by free capacity (`gpurun fleet ls`).")
 @click.option("--wait", is_flag=True, help="Block until every submitted job is finished and judged; exit 12 if the "
               "quality check judged any STOP, else 1 if any failed.")
 @click.option("--from", "start", type=AsciiInt(min=1), default=1, metavar="N",
@@ -34,12 +36,19 @@ def queue() -> None:
               help="Jobs at a time on a host without GPUs (remembered for the host).")
 @click.option("--cwd", default=None, help="Working directory for jobs without cwd= (default: here, or the host's workdir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def submit(file: str, host: str | None, wait: bool, start: int, slots: int | None, cwd: str | None,
-           as_json: bool) -> None:
-    """Submit the jobs of a queue FILE (one shell command per line)."""
+def submit(file: str, host: tuple[str, ...], fleet: str | None, wait: bool, start: int, slots: int | None,
+           cwd: str | None, as_json: bool) -> None:
+    """Submit the jobs of a queue FILE (one shell command per line).
+
+    With --fleet NAME, or --host repeated, each job goes to one host of the fleet: the one
+    with the most free capacity (GPUs, or slots on a host without GPUs) for it."""
     from orchestrator.core import queue as core
     from orchestrator.core.session import open_session
 
+    if fleet or len(host) > 1:
+        _submit_fleet(file, fleet, host, wait=wait, start=start, slots=slots, cwd=cwd, as_json=as_json)
+        return
+    host = host[0] if host else None
     plan = core.plan_submit(file, host, start=start, slots=slots, cwd=cwd)
     err = console(stderr=True)
     if not plan.jobs:  # nothing to send: no round trip, no daemon started for an empty file
@@ -98,6 +107,65 @@ def submit(file: str, host: str | None, wait: bool, start: int, slots: int | Non
                       f"quality/); exit code {CLI_CODES['quality_stop'][1]}", soft_wrap=True, markup=False)
         sys.exit(CLI_CODES["quality_stop"][1])
     if any(j["state"] != "succeeded" for j in final):
+        sys.exit(1)
+
+
+def _submit_fleet(file: str, fleet: str | None, hosts: tuple[str, ...], *, wait: bool, start: int,
+                  slots: int | None, cwd: str | None, as_json: bool) -> None:
+    """``queue submit`` over a fleet (``--fleet NAME`` or several ``--host``): placed by free
+    capacity, one submit per host in parallel; ``--wait`` waits on every host, same exit codes."""
+    from orchestrator.core import fleet as core
+    from orchestrator.core import queue as cq
+    err = console(stderr=True)
+    notes: list[str] = []
+    members = core.members(fleet, hosts, notes)
+    res = core.submit_fleet(file, members, fleet=fleet, start=start, slots=slots, cwd=cwd, warnings=notes)
+    from rich.markup import escape
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True, highlight=False)
+    where = f"fleet {fleet}" if fleet else f"{len(members)} hosts"
+    if as_json and not wait:
+        emit_json({"fleet": fleet, "hosts": [{"host": r.host, "added": r.added, "present": r.present}
+                                            for r in res.results]})
+    elif not as_json:
+        spread = ", ".join(f"{r.host} {len(r.added)}" for r in res.results)
+        msg = f"submitted {res.added} job(s) to {where}" + (f": {spread}" if spread else "")
+        if res.present:
+            msg += f"; {res.present} already queued or done on the fleet (same job), not added again"
+        err.print(msg, markup=False, highlight=False)
+    if not wait:
+        return
+    shown: list[str] = []
+
+    def show(rows: list[Job]) -> None:
+        if as_json:
+            return
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        line = "  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items()))
+        if shown[-1:] != [line]:
+            shown.append(line)
+            err.print(line)
+
+    on_interrupt(f"stopped waiting; the jobs keep running on the hosts of {where} "
+                 f"(see `gpurun queue status --host HOST`)")
+    final = core.wait_fleet(res.results, on_change=show)
+    if as_json:
+        emit_json({"fleet": fleet, "hosts": [{"host": h, "jobs": [json_job(j) for j in final[h]]}
+                                            for h in sorted(final)]})
+    else:
+        for h in sorted(final):
+            render_table(h, final[h])
+    jobs = [j for h in sorted(final) for j in final[h]]
+    stopped = [j for j in jobs if cq.judged_stop(j)]
+    if stopped:
+        from orchestrator.errors import CLI_CODES
+        if not as_json:
+            err.print(f"[bold red]quality STOP[/]: {len(stopped)} job(s) judged STOP by the training-quality "
+                      f"check: {escape(', '.join(j['name'] for j in stopped))}", soft_wrap=True)
+        sys.exit(CLI_CODES["quality_stop"][1])
+    if any(j["state"] != "succeeded" for j in jobs):
         sys.exit(1)
 
 

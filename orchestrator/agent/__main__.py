@@ -2,7 +2,8 @@
 
 Verbs (``orchestrator.agent.protocol``) read one JSON request on stdin and print one
 sentinel-framed envelope on stdout;
-``daemon`` runs the loop, ``jobwrap`` runs one job attempt, ``ensure`` starts the daemon.
+``daemon`` runs the loop, ``jobwrap`` runs one job attempt, ``ensure`` starts the daemon;
+``slurmjob`` runs one attempt inside a Slurm allocation (a Slurm host has no daemon).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main(argv: list) -> int:
     if verb == "jobwrap":
         from orchestrator.agent import jobwrap
         return jobwrap.main(argv[1:])
+    if verb == "slurmjob":  # inside a Slurm allocation: one attempt, from runs/<id>/spec.json
+        from orchestrator.agent import slurmjob
+        return slurmjob.main(argv[1:])
     state_dir = os.path.abspath(os.path.expanduser(_arg(argv, "--state-dir")))
     if verb == "daemon":
         from orchestrator.agent.daemon import Daemon
@@ -117,6 +121,11 @@ def unpack_self() -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # another caller won the race, or no space: keep the zip
 
 
+# verbs that read or change jobs: on a Slurm host they first bring the store up to date with
+# Slurm (agent/slurm_reconcile); submit, cancel and retry call it themselves (agent/verbs)
+SLURM_SYNCED = frozenset({"status", "logs", "events", "snapshot", "manifest", "check"})
+
+
 def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     from orchestrator.agent import control
     os.makedirs(state_dir, exist_ok=True)
@@ -137,7 +146,11 @@ def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     fn = handler(verb)
     store = Store(control.files(state_dir)["db"])
     try:
-        return fn(AgentContext(state_dir, store, control.load_config(state_dir)), req)
+        ctx = AgentContext(state_dir, store, control.load_config(state_dir))
+        if ctx.config.get("scheduler") == "slurm" and verb in SLURM_SYNCED:  # no daemon: the verb reconciles
+            from orchestrator.agent import slurm_reconcile
+            slurm_reconcile.sync(ctx)
+        return fn(ctx, req)
     finally:
         store.close()
 

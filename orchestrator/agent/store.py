@@ -201,6 +201,13 @@ class Store:
                                (int(after_seq), int(limit)))
         return [self._row(r) for r in rows.fetchall()]
 
+    def backend_jobs(self, ended_since: float) -> list[dict]:
+        """Jobs a batch scheduler runs (``backend_id`` set) that are active or ended after
+        ``ended_since``: what a Slurm host reconciles (``agent/slurm_reconcile``)."""
+        rows = self.db.execute("SELECT * FROM jobs WHERE backend_id IS NOT NULL AND (state IN ('queued', 'running')"
+                               " OR ended_at > ?) ORDER BY seq", (float(ended_since),))
+        return [self._row(r) for r in rows.fetchall()]
+
     def get_job(self, ref: Any) -> Optional[dict]:
         """Find a job by id, by exact name, or by its number (``seq``)."""
         ref = str(ref)

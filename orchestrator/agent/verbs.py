@@ -37,6 +37,12 @@ def v_submit(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
             os.makedirs(os.path.join(runs, jid), exist_ok=True)
         except OSError:
             pass
+    if ctx.config.get("scheduler") == "slurm":  # each queued job becomes an sbatch job (agent/slurm)
+        from orchestrator.agent import slurm, slurm_reconcile
+        for j in req.get("jobs", []):
+            if j["id"] in added and j.get("slurm"):
+                slurm.remember_options(os.path.join(runs, j["id"]), j["slurm"])
+        slurm_reconcile.sync(ctx, submit_errors=True)
     wake(ctx.state_dir)
     return {"added": added, "present": present, "code": _code_record(ctx.state_dir)}
 
@@ -149,7 +155,13 @@ def _next_line_start(f: Any, offset: int) -> int:
 
 
 def v_cancel(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
+    slurm_host = ctx.config.get("scheduler") == "slurm"
+    if slurm_host:
+        from orchestrator.agent import slurm, slurm_reconcile
+        slurm_reconcile.reconcile(ctx)
     jobs = ctx.store.jobs(S.ACTIVE) if req.get("all") else [ctx.find_job(r) for r in req.get("jobs", [])]
+    if slurm_host:  # scancel first (one call): a queued row's Slurm job must not start after it
+        slurm.cancel_or_raise([j.get("backend_id") for j in jobs if j["state"] in S.ACTIVE])
     out = []
     for job in jobs:
         if job["state"] == S.QUEUED and ctx.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
@@ -181,6 +193,10 @@ def v_retry(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
                               reason="retry requested%s" % (" with --force" if force else ""))
     if not ok:
         raise VerbError("job %s changed state while retrying; try again" % job["name"], CONFLICT)
+    if ctx.config.get("scheduler") == "slurm":  # a retry is a new sbatch (its gate: the wrapper's)
+        from orchestrator.agent import slurm
+        ctx.store.update_fields(job["id"], [S.QUEUED], backend_id=None)
+        slurm.submit_pending(ctx, only=[job["id"]])
     wake(ctx.state_dir)
     return {"job": wire_job(ctx.store.get_job(job["id"])), "next_attempt": job["attempt"] + 1}
 

@@ -161,7 +161,6 @@ def sbatch(script: str) -> str:
 def submit_pending(ctx: Any, only: Optional[Iterable[str]] = None) -> List[str]:
     """sbatch every queued row without a Slurm job id (``only``: these ids); returns the
     ids submitted. The first sbatch failure is raised after the jobs before it kept theirs."""
-    from orchestrator.agent.slurm_reconcile import prepare  # the checks the runner does at launch
     store, config = ctx.store, ctx.config
     wanted = set(only) if only is not None else None
     python, agent = agent_argv()
@@ -189,6 +188,34 @@ def submit_pending(ctx: Any, only: Optional[Iterable[str]] = None) -> List[str]:
         else:  # cancelled (or moved) while sbatch ran: the Slurm job must not run
             cancel([bid])
     return done
+
+
+def prepare(ctx: Any, job: Dict[str, Any]) -> bool:
+    """The checks the runner makes before a launch: a workdir that exists (the host's own is
+    created), the secrets it asked for set on the host. A job that fails one is failed with
+    its reason, spending no attempt; False then."""
+    cwd, why = job.get("cwd"), None
+    if cwd and not os.path.isdir(cwd):
+        workdir = ctx.config.get("workdir")
+        if workdir and os.path.normpath(os.path.expanduser(workdir)) == os.path.normpath(cwd):
+            try:
+                os.makedirs(cwd, exist_ok=True)
+            except OSError as exc:
+                why = "could not create the host's working directory %s: %s" % (cwd, exc.strerror or exc)
+        else:
+            why = "working directory %s does not exist" % cwd
+    if why is None and job.get("secrets"):
+        from orchestrator.agent import secrets
+        gone = secrets.for_job(ctx.state_dir, job["secrets"])[1]
+        if gone:
+            why = "secret%s %s not set on this host; set %s with `gpurun secret set NAME --host %s`" % (
+                "s" if len(gone) > 1 else "", ", ".join(gone), "them" if len(gone) > 1 else "it",
+                ctx.config.get("host") or "HOST")
+    if why is None:
+        return True
+    if ctx.store.transition(job["id"], [S.QUEUED], S.FAILED, ended_at=time.time(), reason=why):
+        ctx.store.add_event(job["id"], "failed", "error", "job %s failed: %s" % (job["name"], why))
+    return False
 
 
 def remember_options(run_dir: str, line_opts: Dict[str, str]) -> None:

@@ -63,7 +63,7 @@ def _down_fleet(fleet: str, *, yes: bool, confirm_fleet: Optional[str], dry_run:
     from orchestrator.core import teardown_destroy as tdd
     from orchestrator.core.fleet_views import judge_members, members, outcome
 
-    names = members(fleet)
+    names = members(fleet, lambda w: click.echo(f"gpurun: warning: {w}", err=True))
     rows: list[dict] = []
     with ExitStack() as stack:
         gates = judge_members(stack, names, dest=dest, dry_run=dry_run)

@@ -127,7 +127,7 @@ def _pull_fleet(fleet: str, *, jobs: tuple[str, ...], dest: Optional[str], loop:
     from orchestrator.cli.render import on_interrupt
     from orchestrator.core.fleet_views import Balancer, members, pull_fleet
 
-    names = members(fleet)
+    names = members(fleet, lambda w: click.echo(f"gpurun: warning: {w}", err=True))
     on_interrupt(f"pull stopped: files verified so far are home and a partial file resumes on the next pull; "
                  f"jobs keep running on the members of {fleet} (see `gpurun queue status --fleet {fleet}`)")
 

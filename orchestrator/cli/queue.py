@@ -207,7 +207,8 @@ def status(host: str | None, all_hosts: bool, fleet: str | None, as_json: bool) 
         return
     if fleet is not None:
         from orchestrator.core.fleet_views import fleet_status, members
-        results = fleet_status(members(fleet), table=not as_json)
+        names = members(fleet, lambda w: click.echo(f"gpurun: warning: {w}", err=True))
+        results = fleet_status(names, table=not as_json)
     else:
         results = core.status_all(table=not as_json)
     if as_json:
@@ -328,7 +329,8 @@ def events(job: str | None, host: str | None, fleet: str | None, limit: int, as_
             from orchestrator.errors import BadInput
             raise BadInput("--fleet names the hosts itself: drop --host", f"e.g. `gpurun queue events --fleet {fleet}`")
         from orchestrator.core.fleet_views import fleet_events, members
-        evs, errors = fleet_events(members(fleet), job, limit)
+        names = members(fleet, lambda w: click.echo(f"gpurun: warning: {w}", err=True))
+        evs, errors = fleet_events(names, job, limit)
         name = fleet
     else:
         with open_session(host) as s:

@@ -255,7 +255,7 @@ def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool
     balancer = None
     if fleet is not None:
         from orchestrator.core.fleet_views import Balancer, members
-        names = members(fleet)
+        names = members(fleet, lambda w: click.echo(f"gpurun: warning: {w}", err=True))
         hosts = tuple(dict.fromkeys(list(hosts) + names))  # --host adds to the fleet's members
         balancer = Balancer(names)
     moves: list[str] = []  # the latest move lines, shown under the hosts

@@ -30,26 +30,22 @@ __all__ = ["BALANCE_EVERY_S", "Balancer", "MemberGate", "fleet_events", "fleet_s
            "members", "move_lines", "outcome", "pull_fleet", "visible_jobs"]
 
 
-def members(fleet: str) -> list[str]:
-    """The host names of ``fleet`` (``orchestrator.fleets``); FleetError when it is unknown."""
-    try:
-        from orchestrator.fleets import get_fleet
-    except ImportError:  # SHIM until orchestrator/fleets.py (F1) lands: delete then
-        return _shim_get_fleet(fleet)
-    return list(get_fleet(fleet))
-
-
-def _shim_get_fleet(fleet: str) -> list[str]:  # SHIM (see members)
-    import json
-    from orchestrator import paths
+def members(fleet: str, warn: Optional[Callable[[str], None]] = None) -> list[str]:
+    """The host names of ``fleet`` that are in the host inventory (``fleets.get_fleet``); each
+    member left out because the inventory forgot it is passed to ``warn``. FleetError when the
+    fleet is unknown or has no host left."""
     from orchestrator.errors import FleetError
-    try:
-        data = json.loads((paths.data_home() / "fleets.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    if fleet not in data:
-        raise FleetError(f"no fleet named {fleet!r}", "known fleets: " + (", ".join(sorted(data)) or "none"))
-    return list(data[fleet]["hosts"])
+    from orchestrator.fleets import get_fleet
+
+    warnings: list[str] = []
+    names = list(get_fleet(fleet, warnings))
+    for w in warnings:
+        if warn is not None:
+            warn(w)
+    if not names:
+        raise FleetError(f"fleet {fleet!r} has no host left in the host inventory",
+                         f"add some with `gpurun fleet add {fleet} HOST...` (see `gpurun host ls`)")
+    return names
 
 
 def _each(names: list[str], fn: Callable[[str], Any], max_workers: int = 16) -> dict[str, Any]:
@@ -123,25 +119,23 @@ def fleet_events(names: list[str], job: Optional[str] = None, limit: int = 50) -
 
 # --- rebalancing, as a hook of watch and pull --loop -----------------------------------------
 def move_lines(report: Any) -> list[str]:
-    """``moved job X: box-a -> box-b`` for each move a balance report lists (its ``moves``, as
-    objects or dicts with ``job``/``name``, ``src``/``from``, ``dst``/``to``), and one line per
-    problem it reports (``errors``/``problems``)."""
+    """Lines for what a ``core/fleet_balance.BalanceReport`` did: ``moved job X: box-a -> box-b
+    (why)`` per move (``finished`` ones too: moves an interrupted controller began), a warning
+    per job that ran on two members, and its errors, less the "did not answer" of unreachable
+    members (the views show those members already)."""
     if report is None:
         return []
 
-    def get(obj: Any, *keys: str) -> Any:
-        for k in keys:
-            v = obj.get(k) if isinstance(obj, dict) else getattr(obj, k, None)
-            if v is not None:
-                return v
-        return None
+    def move(m: dict, word: str) -> str:
+        why = f" ({m['why']})" if m.get("why") else ""
+        return f"{word} job {m.get('name') or m['job']}: {m['from']} -> {m['to']}{why}"
 
-    moves = report if isinstance(report, list) else (get(report, "moves") or [])
-    lines = [f"moved job {get(m, 'name', 'job_name', 'job', 'id', 'job_id')}: "
-             f"{get(m, 'src', 'source', 'from_host', 'frm', 'old', 'from')} -> "
-             f"{get(m, 'dst', 'dest', 'to_host', 'to', 'new')}" for m in moves]
-    if not isinstance(report, list):
-        lines += [f"balance: {p}" for p in (get(report, "errors", "problems") or [])]
+    lines = [move(m, "moved") for m in getattr(report, "moves", [])]
+    lines += [move(m, "finished moving") for m in getattr(report, "finished", [])]
+    lines += [f"warning: job {r.get('name') or r['job']} ran on both {r['host']} and {r['to']}"
+              for r in getattr(report, "ran_on_both", [])]
+    quiet = tuple(f"{h} did not answer" for h in getattr(report, "unreachable", []))
+    lines += [f"balance: {e}" for e in getattr(report, "errors", []) if not e.startswith(quiet)]
     return lines
 
 

@@ -1,0 +1,266 @@
+"""Fleet-wide views and verbs (``core/fleet_views``) on two loopback boxes: each box is its own
+real sshd on its own port, logging in as its own unix user (so state dirs, agents and homes
+differ), and a box goes down by stopping its sshd. Driven through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from rigs.agents import gpurun
+from rigs.sshd import CLEAN_USER, SshdRig, _ensure_user, sshd_available
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+OTHER_USER = "gpurun-f3b"  # box-b's unix user (box-a is the rig's clean user)
+
+
+@pytest.fixture(scope="module")
+def rigs():
+    why = sshd_available()
+    if why:
+        pytest.skip(why)
+    if os.geteuid() != 0:
+        pytest.skip("two boxes as two unix users need root to create the second user")
+    _ensure_user(OTHER_USER, noisy=False)
+    a, b = SshdRig(), SshdRig()
+    a.start()
+    b.start()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _box(rig: SshdRig, user: str, name: str, **more: object) -> dict:
+    pw = pwd.getpwnam(user)
+    root = Path(pw.pw_dir) / f"gpurun-f3-{rig.run_id}-{name}-{time.monotonic_ns()}"
+    (root / "work").mkdir(parents=True)
+    for p in (root, root / "work"):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+    rig._made.append(root)
+    return {"name": name, "profile": "generic-ssh", "kind": "ssh",
+            "ssh": {"user": user, "hostname": "127.0.0.1", "port": rig.port, "key": str(rig.client_key)},
+            "state_dir": str(root / "state"), "workdir": str(root / "work"), **more}
+
+
+@pytest.fixture
+def fleet(rigs, home):
+    """Fleet ``f`` of ``box-a`` (one slot) and ``box-b`` (two), host keys trusted."""
+    from orchestrator import hosts, paths
+    from orchestrator.fleets import add_fleet
+
+    a, b = rigs
+    boxes = {"box-a": _box(a, CLEAN_USER, "box-a", slots=1), "box-b": _box(b, OTHER_USER, "box-b", slots=2)}
+    for rig in rigs:
+        rig.trust(paths.data_home() / "known_hosts")
+    for e in boxes.values():
+        hosts.add_host(e)
+    add_fleet("f", ["box-a", "box-b"])
+    try:
+        yield boxes
+    finally:
+        for rig in rigs:
+            rig.start()
+        for name in boxes:  # the agents run as the box users, outside ``home``: stop them
+            gpurun("agent", "stop", "--host", name, "--yes", timeout=60)
+
+
+def submit(host: str, *lines: str) -> list[str]:
+    from orchestrator.core.queue import to_jobs
+    from orchestrator.core.session import open_session
+    from orchestrator.queuefile import parse_text
+
+    with open_session(host) as s:
+        jobs, _ = to_jobs(parse_text("\n".join(lines) + "\n", "q.txt"), s.host, "q.txt")
+        s.submit(jobs)
+    return [j["id"] for j in jobs]
+
+
+def states(host: str) -> dict[str, str]:
+    from orchestrator.core.session import open_session
+    with open_session(host) as s:
+        return {j["name"]: j["state"] for j in s.status()["jobs"]}
+
+
+def wait_for(pred, what: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not pred():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def test_status_and_events_of_a_fleet_show_a_moved_job_once(fleet):
+    work_a = Path(fleet["box-a"]["workdir"])
+    hold, mover = submit("box-a", "[name=hold] while [ ! -e stop ]; do sleep 0.1; done",
+                         "[name=mover cwd=/tmp] echo moved-here")
+    (b1,) = submit("box-b", "[name=b1] echo on-b")
+    wait_for(lambda: states("box-a")["hold"] == "running", "hold running on box-a")
+    assert states("box-a")["mover"] == "queued"  # box-a has one slot, held by `hold`
+
+    # the move, as core/fleet_balance makes it: release on box-a, then submit the spec to box-b
+    from orchestrator.core.session import open_session
+    with open_session("box-a") as s:
+        rel = s.release([mover], "box-b")
+    assert [j["id"] for j in rel["released"]] == [mover]
+    with open_session("box-b") as s:
+        s.submit(rel["released"])
+    wait_for(lambda: states("box-b").get("mover") == "succeeded" and states("box-b")["b1"] == "succeeded",
+             "mover and b1 done on box-b")
+    assert states("box-a")["mover"] == "moved"
+
+    res = gpurun("queue", "status", "--fleet", "f", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["fleet"] == "f" and [h["host"] for h in doc["hosts"]] == ["box-a", "box-b"]
+    where = {j["id"]: h["host"] for h in doc["hosts"] for j in h["jobs"]}
+    assert sum(len(h["jobs"]) for h in doc["hosts"]) == 3  # the moved row on box-a is hidden
+    assert where == {hold: "box-a", mover: "box-b", b1: "box-b"}
+    assert not any("error" in h for h in doc["hosts"])
+
+    res = gpurun("queue", "status", "--fleet", "f", env=dict(os.environ, TTY_COMPATIBLE="0"))
+    assert res.returncode == 0, res.stderr
+    head, *rows = res.stdout.splitlines()
+    assert head.split()[:4] == ["HOST", "#", "NAME", "STATE"]
+    assert sorted((r.split()[0], r.split()[2], r.split()[3]) for r in rows) == [
+        ("box-a", "hold", "running"), ("box-b", "b1", "succeeded"), ("box-b", "mover", "succeeded")]
+    assert "moved" not in res.stdout
+
+    res = gpurun("queue", "events", "--fleet", "f", "--json", "--limit", "200")
+    assert res.returncode == 0, res.stderr
+    evs = json.loads(res.stdout)
+    assert evs["fleet"] == "f" and evs["errors"] == []
+    stamps = [e["ts_unix"] for e in evs["events"]]
+    assert stamps == sorted(stamps)
+    assert {e["host"] for e in evs["events"]} == {"box-a", "box-b"}
+    # the moved job's history is on both hosts: released on box-a, run on box-b
+    mover_hosts = {e["host"] for e in evs["events"] if e["job_id"] == mover}
+    assert mover_hosts == {"box-a", "box-b"}
+    assert all(e["job_name"] == "mover" for e in evs["events"] if e["job_id"] == mover)
+
+    res = gpurun("queue", "events", "mover", "--fleet", "f")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines and all("mover" in ln for ln in lines)
+    assert any("box-a" in ln for ln in lines) and any("box-b" in ln for ln in lines)
+
+    # watch --fleet: both members, the moved row hidden, this poll's moves (none: box-a's only
+    # queued job already moved, box-b has room and nothing queued)
+    res = gpurun("watch", "--fleet", "f", "--once", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["fleet"] == "f" and doc["moves"] == []
+    shown = {h["host"]: sorted(j["name"] for j in h["jobs"]) for h in doc["hosts"]}
+    assert shown == {"box-a": ["hold"], "box-b": ["b1", "mover"]}
+
+    res = gpurun("queue", "status", "--fleet", "f", env=dict(os.environ, TTY_COMPATIBLE="1", COLUMNS="80"))
+    assert res.returncode == 0, res.stderr
+    text = re.sub(r"\x1b\[[0-9;]*m", "", res.stdout)  # the SGR codes take no columns
+    heads = [ln for ln in text.splitlines() if ln.startswith("queue on ")]
+    assert [h.split(" (")[0] for h in heads] == ["queue on box-a", "queue on box-b"]
+    assert heads[0].endswith(": 1 running") and heads[1].endswith(": 2 succeeded")
+    assert max(len(ln) for ln in text.splitlines()) <= 80
+
+    # down --fleet while a job runs on box-a: refused for box-a (jobs running), said per host
+    res = gpurun("down", "--fleet", "f", "--dest", str(work_a.parent / "nowhere"))
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
+    assert out["box-a"].startswith("refused: jobs running or queued")
+    assert "Traceback" not in res.stderr and "box-a" in res.stderr
+    (work_a / "stop").touch()
+    wait_for(lambda: states("box-a")["hold"] == "succeeded", "hold done")
+
+
+def test_pull_and_down_fleet(fleet, tmp_path: Path):
+    dest = tmp_path / "home-artifacts"
+    line = "[name={n} checkpoints=ck] mkdir -p ck && head -c 300000 /dev/urandom > ck/{n}.bin"
+    (ja,) = submit("box-a", line.format(n="ja"))
+    (jb1, jb2) = submit("box-b", line.format(n="jb1"), line.format(n="jb2"))
+    wait_for(lambda: set(states("box-a").values()) == {"succeeded"} and
+             set(states("box-b").values()) == {"succeeded"}, "every job done")
+
+    # nothing home yet: every member refused, each for its unverified artifacts
+    res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--json")
+    assert res.returncode == 3, res.stderr
+    doc = json.loads(res.stdout)
+    assert [(h["host"], h["outcome"], h["decision"]) for h in doc["hosts"]] == [
+        ("box-a", "refused", "refused"), ("box-b", "refused", "refused")]
+    assert all("unverified artifacts" in h["why"] for h in doc["hosts"])
+
+    # one member pulled: box-a passes (nothing gpurun can stop: it says so), box-b still refused
+    res = gpurun("pull", "--host", "box-a", "--dest", str(dest))
+    assert res.returncode == 0, res.stderr
+    res = gpurun("down", "--fleet", "f", "--dest", str(dest))
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
+    assert out["box-a"].startswith("nothing to stop:") and "stop it yourself" in out["box-a"]
+    assert out["box-b"].startswith("refused: unverified artifacts")
+    assert "box-b" in res.stderr and "Traceback" not in res.stderr
+
+    # --loop: every queue is done, so one round (with its rebalance) and out
+    res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--json", "--loop", "--interval", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["fleet"] == "f" and doc["done"]
+    assert [h["host"] for h in doc["hosts"]] == ["box-a", "box-b"]
+    pulled = {j["job"]: (h["host"], j) for h in doc["hosts"] for j in h["jobs"]}
+    assert set(pulled) == {ja, jb1, jb2}
+    from orchestrator.agent.manifest import sha256_file
+    for jid, (host, row) in pulled.items():
+        assert row["verified"] and row["complete"] and not row["failed"]
+        local = Path(row["dir"])
+        assert local.parent == dest / host
+        assert json.loads((local / "PULL_VERIFIED.json").read_text())["complete"] is True
+        name = row["name"]
+        remote = Path(fleet[host]["workdir"]) / "ck" / f"{name}.bin"
+        assert sha256_file(str(local / "checkpoints" / f"{name}.bin")) == sha256_file(str(remote))
+
+    res = gpurun("down", "--fleet", "f", "--dest", str(dest))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
+    assert set(out) == {"box-a", "box-b"} and all(v.startswith("nothing to stop:") for v in out.values())
+    log = [json.loads(ln) for ln in (Path(os.environ["XDG_DATA_HOME"]) / "gpurun" / "teardown.jsonl")
+           .read_text().splitlines()]
+    assert [(r["host"], r["decision"], r.get("fleet")) for r in log[-2:]] == [
+        ("box-a", "proceeded", "f"), ("box-b", "proceeded", "f")]
+
+
+def test_a_member_down_is_reported_and_the_others_shown(fleet, rigs, tmp_path: Path):
+    (ja,) = submit("box-a", "[name=ja] echo a")
+    submit("box-b", "[name=jb] echo b")
+    wait_for(lambda: states("box-a")["ja"] == "succeeded" and states("box-b")["jb"] == "succeeded", "jobs done")
+    rigs[1].stop()  # box-b goes dark: its sshd and every live session
+
+    plain = dict(os.environ, TTY_COMPATIBLE="0")
+    res = gpurun("queue", "status", "--fleet", "f", env=plain)
+    assert res.returncode == 1
+    rows = res.stdout.splitlines()[1:]
+    assert [(r.split()[0], r.split()[2]) for r in rows] == [("box-a", "ja")]
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("gpurun: box-b: unreachable") and "Traceback" not in res.stderr
+
+    res = gpurun("queue", "status", "--fleet", "f", "--json")
+    assert res.returncode == 1
+    doc = json.loads(res.stdout)
+    assert [j["id"] for j in doc["hosts"][0]["jobs"]] == [ja] and "error" not in doc["hosts"][0]
+    assert doc["hosts"][1]["host"] == "box-b" and doc["hosts"][1]["error"] and doc["hosts"][1]["jobs"] == []
+
+    res = gpurun("queue", "events", "--fleet", "f")
+    assert res.returncode == 1 and "box-a" in res.stdout and "box-b" not in res.stdout
+    assert "gpurun: box-b: unreachable" in res.stderr
+
+    dest = tmp_path / "d"
+    res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--json", timeout=300)
+    assert res.returncode == 1
+    doc = json.loads(res.stdout)
+    a, b = doc["hosts"]
+    assert a["done"] and [j["job"] for j in a["jobs"]] == [ja] and "error" not in a
+    assert b["host"] == "box-b" and b["error"] and not doc["done"]
+    assert "box-b: pull failed" in res.stderr
+    assert (dest / "box-a").is_dir() and not (dest / "box-b").exists()

@@ -191,13 +191,13 @@ def pull_fleet(names: list[str], *, dest: Optional[str] = None, jobs: Optional[l
             if moves and on_moves is not None:
                 on_moves(moves)
 
-        def one(name: str) -> dict:
+        def one(name: str, reread: bool = rehash and first) -> dict:
             try:
-                return pull(name, jobs=jobs, dest=dest, loop=False, use_s3=use_s3, rehash=rehash and first,
+                return pull(name, jobs=jobs, dest=dest, loop=False, use_s3=use_s3, rehash=reread,
                             progress=progress)
             except JobNotFound:
                 if jobs:  # the named job lives on another member: nothing of it here
-                    return {"host": name, "jobs": [], "done": True}
+                    return {"host": name, "jobs": [], "done": True, "absent": True}
                 raise
             except GpurunError as exc:
                 return {"host": name, "jobs": [], "done": False, "error": exc.message}
@@ -207,6 +207,9 @@ def pull_fleet(names: list[str], *, dest: Optional[str] = None, jobs: Optional[l
                 got = dict(zip(left, pool.map(one, left)))
         else:
             got = {n: one(n) for n in left}
+        if first and jobs and all(got[n].get("absent") for n in left):
+            raise JobNotFound(f"no job {', '.join(jobs)!s} on any member ({', '.join(left)})",
+                              "see the fleet's jobs with `gpurun queue status --fleet NAME`")
         for n in left:
             last[n] = got[n]
             if on_pass is not None:

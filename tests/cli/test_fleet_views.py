@@ -203,6 +203,14 @@ def test_pull_and_down_fleet(fleet, tmp_path: Path):
     assert out["box-b"].startswith("refused: unverified artifacts")
     assert "box-b" in res.stderr and "Traceback" not in res.stderr
 
+    # --job: the member that holds it pulls it; the other has nothing of it, and is no failure
+    res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--job", "jb1", "--json", timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert [[j["job"] for j in h["jobs"]] for h in doc["hosts"]] == [[], [jb1]]
+    res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--job", "nosuch")
+    assert res.returncode == 2 and "no job nosuch on any member" in res.stderr
+
     # --loop: every queue is done, so one round (with its rebalance) and out
     res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--json", "--loop", "--interval", "1", timeout=300)
     assert res.returncode == 0, res.stderr
@@ -212,7 +220,7 @@ def test_pull_and_down_fleet(fleet, tmp_path: Path):
     pulled = {j["job"]: (h["host"], j) for h in doc["hosts"] for j in h["jobs"]}
     assert set(pulled) == {ja, jb1, jb2}
     from orchestrator.agent.manifest import sha256_file
-    for jid, (host, row) in pulled.items():
+    for host, row in pulled.values():
         assert row["verified"] and row["complete"] and not row["failed"]
         local = Path(row["dir"])
         assert local.parent == dest / host

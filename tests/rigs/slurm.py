@@ -13,7 +13,7 @@ file under a flock records its pids, ports and holders) or starts a fresh one; `
 detaches and the last holder stops the daemons and restores the slurm.conf/gres.conf that were
 there before. Tests must therefore find their own jobs by id, never assume an empty queue.
 
-Settings worth knowing (see ``_conf``): ``MinJobAge=30`` (a finished job leaves ``squeue``
+Settings worth knowing (``rigs/slurm_files.py`` writes them): ``MinJobAge=30`` (a finished job leaves ``squeue``
 after its state is final but ``scontrol show job ID`` still answers for ~30 s, like a real
 cluster; accounting is off, so ``sacct`` has nothing), ``KillWait=5`` (scancel / time limit:
 SIGTERM, SIGKILL 5 s later; real clusters use 30), ``sched/backfill`` defaults. A requeued job
@@ -25,14 +25,12 @@ SIGTERM, SIGKILL 5 s later; real clusters use 30), ``sched/backfill`` defaults. 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import pwd
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -40,14 +38,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from rigs.slurm_files import (ETC, GPUS, GRES_CONF, KILL_WAIT, MIN_JOB_AGE,  # noqa: F401 (re-exported)
+                               PARTITION, SLURM_CONF, alive, atomic_write, fake_gpu, free_port,
+                               is_ours, pids_named, render_conf, render_gres, wait_gone)
+
 ROOT = Path("/var/tmp/gpurun-slurm-rig")  # shared by all rig users on the machine; mode 755
-ETC = Path("/etc/slurm")
-SLURM_CONF = ETC / "slurm.conf"
-GRES_CONF = ETC / "gres.conf"
-PARTITION = "debug"
-GPUS = 2
-MIN_JOB_AGE = 30
-KILL_WAIT = 5
+
 _BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel", "munged")
 
 
@@ -63,28 +59,6 @@ def slurm_available() -> str | None:
     except KeyError:
         return "no 'munge' user (reinstall the munge package)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (our own exited child) is not alive
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _sbin(name: str) -> str:
@@ -133,62 +107,13 @@ class SlurmRig:
     def munge_socket(self) -> str:
         return str(self._munge_dir() / "munge.socket.2")
 
-    def _conf(self, ctld_port: int, slurmd_port: int) -> str:
-        r = self.root
-        return "\n".join([
-            "# written by gpurun's test rig (tests/rigs/slurm.py); the previous file is restored",
-            "ClusterName=gpurunrig",
-            f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={ctld_port}",
-            f"SlurmdPort={slurmd_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            f"StateSaveLocation={r}/state",
-            f"SlurmdSpoolDir={r}/spool",
-            f"SlurmctldPidFile={r}/slurmctld.pid",
-            f"SlurmdPidFile={r}/slurmd.pid",
-            f"SlurmctldLogFile={r}/slurmctld.log",
-            f"SlurmdLogFile={r}/slurmd.log",
-            # no systemd, no cgroups in the sandbox
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SwitchType=switch/none",
-            "MpiDefault=none",
-            "SelectType=select/cons_tres",
-            # CR_CPU: each CPU is a slot whatever the core/thread layout of the machine
-            "SelectTypeParameters=CR_CPU",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "ReturnToService=2",
-            # a CI box with less memory or other CPUs than declared keeps the node usable
-            "SlurmdParameters=config_overrides",
-            f"MinJobAge={MIN_JOB_AGE}",
-            f"KillWait={KILL_WAIT}",
-            "InactiveLimit=0",
-            "SchedulerType=sched/backfill",
-            "GresTypes=gpu",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 "
-            f"Gres=gpu:{GPUS} State=UNKNOWN",
-            f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ])
-
-    def _gres_conf(self) -> str:
-        last = GPUS - 1
-        return (f"# written by gpurun's test rig\nAutoDetect=off\n"
-                f"NodeName={self.node} Name=gpu File={self.root}/dev/gpu[0-{last}]\n")
-
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "SlurmRig":
         why = slurm_available()
         if why:
             raise RuntimeError(why)
         with self._locked():
-            holders = [p for p in self.state.get("holders", []) if _alive(p)]
+            holders = [p for p in self.state.get("holders", []) if alive(p)]
             if not self._healthy():
                 self._stop_daemons()
                 self._start_fresh(timeout)
@@ -201,7 +126,7 @@ class SlurmRig:
             return
         self._attached = False
         with self._locked():
-            holders = [p for p in self.state.get("holders", []) if _alive(p)]
+            holders = [p for p in self.state.get("holders", []) if alive(p)]
             if os.getpid() in holders:
                 holders.remove(os.getpid())
             self.state["holders"] = holders
@@ -210,11 +135,12 @@ class SlurmRig:
 
     def _healthy(self) -> bool:
         st = self.state
-        if not st.get("ctld_port") or not all(_alive(st.get(k)) for k in ("munged", "slurmctld", "slurmd")):
+        if not st.get("ctld_port") or not all(alive(st.get(k)) for k in ("munged", "slurmctld", "slurmd")):
             return False
-        want = self._conf(st["ctld_port"], st["slurmd_port"])
+        want = render_conf(self.node, self.root, st["ctld_port"], st["slurmd_port"],
+                           self.munge_socket)
         try:
-            if SLURM_CONF.read_text() != want or GRES_CONF.read_text() != self._gres_conf():
+            if SLURM_CONF.read_text() != want or GRES_CONF.read_text() != render_gres(self.node, self.root):
                 return False
         except OSError:
             return False
@@ -228,27 +154,27 @@ class SlurmRig:
             shutil.rmtree(r / sub, ignore_errors=True)
             (r / sub).mkdir(parents=True)
             os.chmod(r / sub, 0o755)  # jobs of ordinary users exec their script from the spool
-        self.state["gpu_devices"] = all([_fake_gpu(r / "dev" / f"gpu{i}") for i in range(GPUS)])
+        self.state["gpu_devices"] = all([fake_gpu(r / "dev" / f"gpu{i}") for i in range(GPUS)])
         self._start_munged()
-        ctld, slurmd = _free_port(), _free_port()
+        ctld, slurmd = free_port(), free_port()
         while slurmd == ctld:
-            slurmd = _free_port()
+            slurmd = free_port()
         ETC.mkdir(parents=True, exist_ok=True)
         backups = self.state.get("backups") or {}
         for path in (SLURM_CONF, GRES_CONF):
             # keep the machine's own file once; a crashed earlier rig left ours in place
             if str(path) not in backups:
-                backups[str(path)] = path.read_text() if path.exists() and not _ours(path) else None
+                backups[str(path)] = path.read_text() if path.exists() and not is_ours(path) else None
         self.state["backups"] = backups
-        _atomic_write(SLURM_CONF, self._conf(ctld, slurmd))
-        _atomic_write(GRES_CONF, self._gres_conf())
+        atomic_write(SLURM_CONF, render_conf(self.node, self.root, ctld, slurmd, self.munge_socket))
+        atomic_write(GRES_CONF, render_gres(self.node, self.root))
         self.state.update(ctld_port=ctld, slurmd_port=slurmd, node=self.node)
         self.state["slurmctld"] = self._spawn([_sbin("slurmctld"), "-D", "-i"], "slurmctld.out")
         self.state["slurmd"] = self._spawn([_sbin("slurmd"), "-D", "-N", self.node], "slurmd.out")
         deadline = time.monotonic() + timeout
         while self.node_state() != "idle":
             for name in ("slurmctld", "slurmd"):
-                if not _alive(self.state[name]):
+                if not alive(self.state[name]):
                     raise RuntimeError(f"{name} exited; see {r}/{name}.log and {r}/{name}.out")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {self.node} not idle after {timeout:.0f}s "
@@ -257,9 +183,9 @@ class SlurmRig:
 
     def _start_munged(self) -> None:
         pid = self.state.get("munged")
-        if _alive(pid) and self._munge_works():
+        if alive(pid) and self._munge_works():
             return
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGTERM)
         mdir = self._munge_dir()
         shutil.rmtree(mdir, ignore_errors=True)
@@ -310,13 +236,13 @@ class SlurmRig:
         for name in ("slurmd", "slurmctld", "munged"):
             pid = st.pop(name, None)
             # runuser forks munged: the recorded pid is runuser's, munged is in its session
-            if _alive(pid):
+            if alive(pid):
                 try:
                     os.killpg(pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGTERM)
-                _wait_gone(pid, 10)
-        for stepd in _pids_named("slurmstepd"):
+                wait_gone(pid, 10)
+        for stepd in pids_named("slurmstepd"):
             try:
                 os.kill(stepd, signal.SIGKILL)
             except ProcessLookupError:
@@ -324,10 +250,10 @@ class SlurmRig:
         for path, text in (st.pop("backups", None) or {}).items():
             p = Path(path)
             if text is None:
-                if p.exists() and _ours(p):
+                if p.exists() and is_ours(p):
                     p.unlink()
             else:
-                _atomic_write(p, text)
+                atomic_write(p, text)
         st.pop("ctld_port", None)
         st.pop("slurmd_port", None)
 
@@ -390,18 +316,6 @@ class SlurmRig:
         return "\n".join(out)
 
 
-def _fake_gpu(path: Path) -> bool:
-    """A character device like /dev/null (major 1, minor 3): slurmd only sets
-    CUDA_VISIBLE_DEVICES for gres files that are devices. A plain file where mknod is refused
-    (the gres count is still scheduled, without the variable)."""
-    try:
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        return True
-    except OSError:
-        path.touch()
-        return False
-
-
 def ssh_as(sshd, user: str, script: str, timeout: float = 60,
            check: bool = True) -> subprocess.CompletedProcess:
     """Run ``script`` (bash) as ``user`` over an ``SshdRig``; stdout/stderr as text. With
@@ -412,61 +326,6 @@ def ssh_as(sshd, user: str, script: str, timeout: float = 60,
     if check and res.returncode:
         raise AssertionError(f"ssh {user}: exit {res.returncode}\n{res.stdout}\n{res.stderr}")
     return res
-
-
-def _ours(path: Path) -> bool:
-    try:
-        return "gpurun's test rig" in path.read_text().split("\n", 1)[0]
-    except OSError:
-        return False
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    deadline, killed = time.monotonic() + timeout, False
-    while True:
-        try:  # reap it if it is our own child (else it stays a zombie until we exit)
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        if not _alive(pid):
-            return
-        if time.monotonic() > deadline:
-            if killed:
-                return
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            deadline, killed = deadline + 5, True
-        time.sleep(0.05)
-
-
-def _pids_named(comm: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as fh:
-                    if fh.read().strip() == comm:
-                        out.append(int(entry))
-            except OSError:
-                pass
-    return out
-
-
-def conf_digest() -> str:
-    """A short digest of the current slurm.conf (for bench reports)."""
-    try:
-        return hashlib.sha256(SLURM_CONF.read_bytes()).hexdigest()[:12]
-    except OSError:
-        return "-"
 
 
 if __name__ == "__main__":

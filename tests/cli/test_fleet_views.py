@@ -272,3 +272,26 @@ def test_a_member_down_is_reported_and_the_others_shown(fleet, rigs, tmp_path: P
     assert b["host"] == "box-b" and b["error"] and not doc["done"]
     assert "box-b: pull failed" in res.stderr
     assert (dest / "box-a").is_dir() and not (dest / "box-b").exists()
+
+
+def test_watch_fleet_rebalances_and_shows_each_move(fleet):
+    pytest.importorskip("orchestrator.core.fleet_balance")
+    work_a = Path(fleet["box-a"]["workdir"])
+    hold, q1, q2 = submit("box-a", "[name=hold] while [ ! -e stop ]; do sleep 0.1; done",
+                          "[name=q1 cwd=/tmp] echo one", "[name=q2 cwd=/tmp] echo two")
+    wait_for(lambda: states("box-a")["hold"] == "running", "hold running on box-a")
+    try:
+        # box-a: one slot, held, two queued; box-b: two free slots and nothing queued
+        res = gpurun("watch", "--fleet", "f", "--once", env=dict(os.environ, TTY_COMPATIBLE="0"))
+        assert res.returncode == 0, res.stderr
+        moved = sorted(ln.split(" ", 1)[1] for ln in res.stdout.splitlines() if " moved job " in f" {ln}")
+        assert moved and all(m.startswith(("moved job q1: box-a -> box-b", "moved job q2: box-a -> box-b"))
+                             for m in moved), res.stdout
+        wait_for(lambda: all(states("box-b").get(n) == "succeeded" for n in
+                             [m.split()[2].rstrip(":") for m in moved]), "the moved jobs done on box-b")
+        res = gpurun("queue", "status", "--fleet", "f", "--json")
+        doc = json.loads(res.stdout)
+        ids = [j["id"] for h in doc["hosts"] for j in h["jobs"]]
+        assert sorted(ids) == sorted([hold, q1, q2])  # each job once, wherever it lives
+    finally:
+        (work_a / "stop").touch()

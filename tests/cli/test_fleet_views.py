@@ -295,3 +295,77 @@ def test_watch_fleet_rebalances_and_shows_each_move(fleet):
         assert sorted(ids) == sorted([hold, q1, q2])  # each job once, wherever it lives
     finally:
         (work_a / "stop").touch()
+
+
+METERED = """\
+extends: generic-ssh
+description: a loopback box whose meter-stop verb leaves a file in the box user's home
+meter_stop:
+  name: stop
+  description: writes the marker file
+  irreversible: false
+  how: {command: 'touch "$HOME/.gpurun-f3-meter-TOKEN"', api: null, console: "the test's own"}
+"""
+
+
+def test_down_fleet_asks_once_and_stops_each_verified_member(fleet, rigs, tmp_path: Path):
+    from orchestrator import hosts, paths
+
+    token = tmp_path.name[-12:] + str(os.getpid())
+    prof = paths.user_profiles_dir() / "metered.yaml"
+    prof.parent.mkdir(parents=True, exist_ok=True)
+    prof.write_text(METERED.replace("TOKEN", token))
+    for name in fleet:
+        hosts.update_host(name, profile="metered")
+    marks = {n: Path(pwd.getpwnam(e["ssh"]["user"]).pw_dir) / f".gpurun-f3-meter-{token}" for n, e in fleet.items()}
+    dest = tmp_path / "d"
+    try:
+        submit("box-a", "[name=ja] echo a")
+        submit("box-b", "[name=jb] echo b")
+        wait_for(lambda: states("box-a")["ja"] == "succeeded" and states("box-b")["jb"] == "succeeded", "jobs done")
+        assert gpurun("pull", "--fleet", "f", "--dest", str(dest)).returncode == 0
+
+        # a no to the one question: nothing stopped anywhere, exit 3
+        res = gpurun("down", "--fleet", "f", "--dest", str(dest), input="n\n")
+        assert res.returncode == 3, (res.stdout, res.stderr)
+        assert "Stop the meter on box-a (stop), box-b (stop)?" in res.stderr
+        out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
+        assert out == {"box-a": "not stopped: not confirmed; nothing was changed",
+                       "box-b": "not stopped: not confirmed; nothing was changed"}
+        time.sleep(3)  # the verb starts after 2 s, detached: had it run, the marks would be there
+        assert not any(m.exists() for m in marks.values())
+
+        res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--yes")
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
+        assert all(v.startswith("stopped: command: started on the host: touch") for v in out.values()), out
+        wait_for(lambda: all(m.exists() for m in marks.values()), "both meter verbs ran", 15)
+        for m in marks.values():
+            m.unlink()
+
+        # box-b goes dark: judged from home (its pull is verified), so the fleet's name must be
+        # typed; piped input is no typing, and a wrong name is no confirmation
+        rigs[1].stop()
+        res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--yes", input="f\n")
+        assert res.returncode == 3, (res.stdout, res.stderr)
+        assert "--confirm-fleet f" in res.stderr
+        res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--confirm-fleet", "g")
+        assert res.returncode == 3
+        assert all(ln.split(": ", 1)[1].startswith("not stopped") for ln in res.stdout.splitlines())
+        time.sleep(3)
+        assert not any(m.exists() for m in marks.values())
+
+        res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--confirm-fleet", "f", "--json")
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        doc = {h["host"]: h for h in json.loads(res.stdout)["hosts"]}
+        assert doc["box-a"]["outcome"] == "stopped" and not doc["box-a"]["assessment"]["basis"] == "offline"
+        assert doc["box-b"]["outcome"] == "nothing to stop" and doc["box-b"]["assessment"]["basis"] == "offline"
+        assert "cannot be reached" in doc["box-b"]["why"]
+        wait_for(lambda: marks["box-a"].exists(), "box-a's meter verb ran", 15)
+        assert not marks["box-b"].exists()
+        log = [json.loads(ln) for ln in (paths.data_home() / "teardown.jsonl").read_text().splitlines()]
+        assert [(r["host"], r["decision"], r.get("confirmation")) for r in log[-2:]] == [
+            ("box-a", "proceeded", "flag"), ("box-b", "proceeded", "flag")]
+    finally:
+        for m in marks.values():
+            m.unlink(missing_ok=True)

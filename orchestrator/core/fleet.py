@@ -17,7 +17,6 @@ moved there), so a submit never places a moving job a second time.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -289,23 +288,34 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
 
 
 def wait_fleet(results: list[SubmitResult], *, on_change: Callable[[list[dict]], None] | None = None,
-               poll: float = 0.5) -> dict[str, list[dict]]:
-    """``core/queue.wait_for`` on every member with jobs, in parallel; ``on_change`` sees every
-    member's latest rows together. Returns ``{host: final rows}``."""
+               poll: float = 0.5, final_grace: Optional[float] = None) -> dict[str, list[dict]]:
+    """``core/queue.wait_for`` over every member with jobs: each poll asks them all in parallel,
+    and the wait ends when every job has ended with its last quality word (or ``final_grace``
+    after the last end). ``on_change`` sees every member's rows together. Returns ``{host:
+    final rows}``. One poll at a time, from this thread: Ctrl-C is never stuck behind a
+    thread that waits for jobs to end."""
+    import time
+
     from orchestrator.core import queue as cq
     from orchestrator.core.session import open_session
 
-    latest: dict[str, list[dict]] = {}
-    lock = threading.Lock()
-
-    def changed(name: str, jobs: list[dict]) -> None:
-        with lock:
-            latest[name] = jobs
-            if on_change:
-                on_change([j for n in sorted(latest) for j in latest[n]])
-
-    def one(res: SubmitResult) -> tuple[str, list[dict]]:
-        with open_session(res.host) as s:
-            return res.host, cq.wait_for(s, res.ids, poll=poll, on_change=lambda js: changed(res.host, js))
-
-    return dict(_parallel(one, [r for r in results if r.ids]))
+    grace = cq.FINAL_GRACE_S if final_grace is None else final_grace
+    todo = [r for r in results if r.ids]
+    last: tuple = ()
+    ended_at: Optional[float] = None
+    with ExitStack() as stack:
+        clients = {r.host: stack.enter_context(open_session(r.host)) for r in todo}
+        while True:
+            rows = dict(_parallel(lambda r: (r.host, clients[r.host].status(r.ids)["jobs"]), todo))
+            every = [j for h in sorted(rows) for j in rows[h]]
+            key = tuple((j["id"], j["state"], j["attempt"], (j.get("quality") or {}).get("verdict")) for j in every)
+            if key != last and on_change:
+                on_change(every)
+            last = key
+            if all(j["state"] in S.TERMINAL for j in every):
+                ended_at = ended_at or time.time()
+                if all(cq.quality_settled(j) for j in every) or time.time() - ended_at > grace:
+                    return rows
+            else:
+                ended_at = None
+            time.sleep(poll)

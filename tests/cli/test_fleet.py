@@ -194,3 +194,36 @@ def test_submit_to_a_fleet_spreads_and_runs_each_job_once(two_boxes, tmp_path: P
     assert res.returncode == 0, res.stderr
     assert ("submitted 2 job(s) to fleet pair: box-a 1, box-b 1; 6 already queued or done on the fleet"
             in res.stderr)
+
+
+def test_a_member_gone_or_silent_is_left_out_with_a_warning(home: Path, tmp_path: Path):
+    """A fleet of ``local``, a host since removed from the inventory, and one that refuses
+    connections: the jobs go to ``local``, except the one gpurun last saw on the silent host."""
+    from orchestrator import hosts
+    from orchestrator.core import snapshot
+    from orchestrator.queuefile import parse_text
+    from rigs.sshd import free_port
+
+    _fake_hosts("gone")
+    dead = {"name": "dead", "profile": "generic-ssh", "kind": "ssh",
+            "ssh": {"user": "root", "hostname": "127.0.0.1", "port": free_port()},   # nothing listens
+            "state_dir": "~/.gpurun", "workdir": "~/work"}
+    hosts.add_host(dead)
+    assert gpurun("fleet", "add", "mixed", "local", "gone", "dead").returncode == 0
+    assert gpurun("host", "rm", "gone").returncode == 0
+    queue = tmp_path / "q.txt"
+    queue.write_text("[name=a] true\n[name=b] true\n[name=c] true\n")
+    seen_on_dead = parse_text(queue.read_text(), str(queue))[1].id   # job b, submitted there earlier
+    snapshot.record(dead, "submit", {"jobs": [{"id": seen_on_dead, "name": "b", "command": "true"}]},
+                    {"added": [seen_on_dead], "present": []})
+
+    res = gpurun("queue", "submit", str(queue), "--fleet", "mixed", "--json", cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "host 'gone' is no longer in the host inventory" in res.stderr
+    assert "dead did not answer" in res.stderr and "with the 1 job(s) gpurun last saw there" in res.stderr
+    doc = json.loads(res.stdout)
+    assert doc == {"fleet": "mixed", "hosts": [{"host": "local", "added": doc["hosts"][0]["added"], "present": []}]}
+    assert len(doc["hosts"][0]["added"]) == 2 and seen_on_dead not in doc["hosts"][0]["added"]
+
+    err = one_error(gpurun("queue", "submit", str(queue), "--fleet", "mixed", "--host", "local"))
+    assert "both --fleet mixed and --host" in err

@@ -370,3 +370,6 @@ def _job_label(e: dict) -> str:
         return "-"
     short = e["job_id"][:8]
     return f"{e['job_name']} ({short})" if e.get("job_name") and e["job_name"] != e["job_id"] else short
+
+from orchestrator.cli.balance import balance as _balance  # noqa: E402 (queue balance: its own module)
+queue.add_command(_balance)

@@ -167,6 +167,15 @@ def test_status_and_events_of_a_fleet_show_a_moved_job_once(fleet):
     assert heads[0].endswith(": 1 running") and heads[1].endswith(": 2 succeeded")
     assert max(len(ln) for ln in text.splitlines()) <= 80
 
+    # a controller that died between release and submit: no member but box-a holds the job, so
+    # its moved row stays in sight (queue balance --fleet finishes the move)
+    (transit,) = submit("box-a", "[name=transit cwd=/tmp] echo t")
+    with open_session("box-a") as s:
+        assert [j["id"] for j in s.release([transit], "box-b")["released"]] == [transit]
+    doc = json.loads(gpurun("queue", "status", "--fleet", "f", "--json").stdout)
+    rows = [(h["host"], j["state"]) for h in doc["hosts"] for j in h["jobs"] if j["id"] == transit]
+    assert rows == [("box-a", "moved")]
+
     # down --fleet while a job runs on box-a: refused for box-a (jobs running), said per host
     res = gpurun("down", "--fleet", "f", "--dest", str(work_a.parent / "nowhere"))
     assert res.returncode == 3, (res.stdout, res.stderr)

@@ -82,6 +82,20 @@ def reconcile(ctx: Any, now: Optional[float] = None) -> int:
     return seen
 
 
+def withdraw(ctx: Any, job: Dict[str, Any]) -> bool:
+    """Take a queued job's Slurm job back before a fleet release moves the row: ``scontrol
+    hold`` succeeds only on a job still pending, and a held job never starts, so it is then
+    scancel'd and the row loses its id (True). A job Slurm started (or ended) is not taken back:
+    the row follows what Slurm says, and the release refuses it (False)."""
+    bid = job["backend_id"]
+    rc, _, _ = slurm.run(["scontrol", "hold", bid])
+    if rc != 0:
+        reconcile(ctx)
+        return False
+    slurm.cancel([bid])
+    return ctx.store.update_fields(job["id"], [S.QUEUED], backend_id=None)
+
+
 def attempt_files(run_dir: str) -> Dict[int, set]:
     """``{attempt: {"started", "exit", "gate"}}`` of the files the wrapper wrote (one listdir)."""
     out: Dict[int, set] = {}

@@ -238,6 +238,13 @@ def v_release(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
         if job is None:
             refused.append({"id": jid, "state": None, "reason": "no such job here"})
             continue
+        if job["state"] == S.QUEUED and job.get("backend_id"):  # a Slurm host: only a job Slurm has not started
+            from orchestrator.agent import slurm_reconcile
+            if not slurm_reconcile.withdraw(ctx, job):
+                now = ctx.store.get_job(jid) or job
+                refused.append({"id": jid, "state": now["state"], "reason": "Slurm job %s started here"
+                                % job["backend_id"]})
+                continue
         ok = job["state"] == S.MOVED or ctx.store.transition(
             job["id"], [S.QUEUED], S.MOVED, release=True, moved_to=to, ended_at=time.time(),
             reason="moved to %s" % to)

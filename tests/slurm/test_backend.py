@@ -154,3 +154,28 @@ def test_sbatch_refusal_is_a_scheduler_error_and_the_job_waits(slurm_ssh_host: d
     res = gpurun("queue", "cancel", "huge", "--host", "cluster")
     assert res.returncode == 0, res.stderr
     assert jobs()["huge"]["state"] == "cancelled"
+
+
+def test_fleet_release_takes_back_only_what_slurm_has_not_started(slurm_ssh_host: dict, sshd: SshdRig,
+                                                                   slurm_cluster: SlurmRig, tmp_path: Path) -> None:
+    """A rebalance's ``release`` on a Slurm host: a pending Slurm job is held, scancel'd and
+    moved; a running one is refused and runs on (a job never runs on two hosts)."""
+    from orchestrator.core.session import open_session
+
+    q = tmp_path / "q.txt"
+    # the node runs two 1-CPU jobs at once: a third pends behind them
+    q.write_text("".join("[name=r%d gpus=0] echo ran-%d >> ran.txt; sleep 20\n" % (i, i) for i in range(3)))
+    assert gpurun("queue", "submit", str(q), "--host", "cluster").returncode == 0
+    running = wait_for("two running", lambda: (lambda js: js if sum(
+        j["state"] == "running" for j in js.values()) == 2 else None)(jobs()), 120)
+    (pending,) = [j for j in running.values() if j["state"] == "queued"]
+    with open_session("cluster") as s:
+        res = s.release([j["id"] for j in running.values()], "elsewhere")
+    assert [r["id"] for r in res["released"]] == [pending["id"]]
+    assert sorted(r["id"] for r in res["refused"]) == sorted(j["id"] for j in running.values() if j is not pending)
+    assert slurm_cluster.wait_state(pending["backend_id"], {"CANCELLED"}, timeout=30) == "CANCELLED"
+    after = jobs()
+    assert after[pending["name"]]["state"] == "moved" and after[pending["name"]]["backend_id"] is None
+    ran = Path(slurm_ssh_host["workdir"]) / "ran.txt"
+    assert pending["name"].replace("r", "ran-") not in ran.read_text()  # it never ran here
+    gpurun("queue", "cancel", "--all", "--host", "cluster")

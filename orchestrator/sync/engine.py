@@ -166,7 +166,7 @@ def _fetch_one(fetcher: Any, rec: JobRecord, f: dict, job_id: str, progress: Pro
             _fsync_path(final.parent)
             st = final.stat()
             rec.mark(f["path"], state="verified", sha256=f["sha256"], size=st.st_size,
-                     mtime_ns=st.st_mtime_ns, verified_at=time.time(), method=fetcher.method)
+                     mtime_ns=st.st_mtime_ns, verified_at=time.time(), method=got.method or fetcher.method)
             _save_soon(rec)
             result.bytes += f["size"]
             return True

@@ -34,6 +34,7 @@ class Fetched:
     size: int
     wire_bytes: int  # bytes received over the link (rsync's figure, or payload for SFTP)
     resumed_from: int
+    method: str = ""  # how it came, when not the fetcher's usual way (``ssh-stream``)
 
 
 def prefix_hasher(path: Path, upto: int) -> "hashlib._Hash":
@@ -141,28 +142,35 @@ class SftpFetcher:
 
 
 class RsyncFetcher:
-    """rsync ``--append-verify`` into the partial path; a reader thread hashes the file as
-    it grows, so verification costs no second pass over the bytes. Every rsync runs in its
-    own process group that dies with gpurun (:class:`TransferGroup`)."""
+    """Many small files: one rsync ``--files-from`` per source dir (:meth:`fetch_tree`).
+    One large file over SSH: a single stream hashed as it is written (``sync.stream``), rsync
+    only where the box cannot stream. One file on this machine: rsync ``--append-verify``
+    with a reader that hashes the file as it grows. Every rsync or ssh runs in its own
+    process group that dies with gpurun (:class:`TransferGroup`)."""
 
     method = "rsync"
 
     def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "",
-                 timeout_s: float = 3600.0, fast_cipher: bool = True, bwlimit_kbps: int = 0):
+                 timeout_s: float = 3600.0, fast_cipher: bool = True, bwlimit_kbps: int = 0,
+                 stream: bool = True):
         self.ssh_argv = ssh_argv  # None: the "remote" path is on this machine
         self.target = target      # user@host (or alias) for SSH
         self.timeout_s = timeout_s
         self.fast_cipher = fast_cipher
         self.bwlimit_kbps = bwlimit_kbps  # pull.bwlimit_kbps: share a thin link (0: no limit)
+        self.stream = stream and ssh_argv is not None  # False once a box could not stream
 
-    def _ssh_command(self) -> str:
+    def _ssh_list(self) -> list[str]:
         argv = list(self.ssh_argv or [])
         # OpenSSH's default order starts with chacha20-poly1305; with AES instructions AES-GCM
         # moves bulk data at ~1.8x the rate for the same CPU. Same set of ciphers, so a box
         # without AES-GCM still negotiates; an explicit choice in the argv wins.
         if self.fast_cipher and _has_aes() and not any(a == "-c" or "Ciphers" in a for a in argv):
             argv[1:1] = ["-o", "Ciphers=" + _CIPHERS]
-        return " ".join(shlex.quote(a) for a in argv)
+        return argv
+
+    def _ssh_command(self) -> str:
+        return " ".join(shlex.quote(a) for a in self._ssh_list())
 
     def _argv(self, *extra: str) -> list[str]:
         # -s (--protect-args): names travel inside rsync's protocol, never through the box's
@@ -178,6 +186,14 @@ class RsyncFetcher:
         return f"{self.target}:{_noglob(remote)}" if self.ssh_argv is not None else remote
 
     def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
+        if self.stream:
+            from orchestrator.sync.stream import ssh_stream  # it imports this module
+
+            got = ssh_stream(self._ssh_list(), self.target, remote, partial, size, on_progress,
+                             self.timeout_s, self.bwlimit_kbps)
+            if got is not None:
+                return got
+            self.stream = False  # this box cannot stream (no tail, odd shell): rsync from now on
         start = _start_offset(partial, size)
         if not partial.exists():
             partial.touch()

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.sync.state import JobRecord
 from pullrig import chown_to, job_state, submit, wait_until
 from rigs.agents import kill_agents_under
 
@@ -131,3 +132,61 @@ def test_forked_workers_die_with_a_killed_controller(tmp_path: Path):
             ctl.wait()
         for pid in alive(kids):  # only what this test started, by pid
             os.kill(pid, signal.SIGKILL)
+
+
+def holders(dest: Path) -> list[int]:
+    """Processes with a file under ``dest`` open (the stream's writer is gpurun itself)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if any(f.path.startswith(str(dest)) for f in p.open_files()):
+                out.append(p.info["pid"])
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_kill_9_mid_stream_of_a_large_file_then_the_next_pull_resumes(ssh_host: dict, tmp_path: Path,
+                                                                       isolated_home: Path):
+    """A file above the batch size comes as one ssh stream hashed while written: `kill -9` of
+    the pull leaves a partial (never a final name), its ssh dies with it, and the next pull
+    resumes from the partial and lands the file verified."""
+    work = Path(ssh_host["workdir"])
+    work.mkdir(parents=True, exist_ok=True)
+    chown_to(work, ssh_host["ssh"]["user"])
+    cfg = isolated_home / ".config" / "gpurun"
+    cfg.mkdir(parents=True, exist_ok=True)
+    (cfg / "config.yaml").write_text("pull:\n  bwlimit_kbps: 20000\n")  # ~20 MB/s: ~3.5 s for the file
+    dest = tmp_path / "home-art"
+    first = None
+    try:
+        job = submit(ssh_host, "[name=big gpus=0 checkpoints=ck] mkdir -p ck && "
+                               "head -c 70000000 /dev/urandom > ck/model.bin")
+        wait_until(lambda: job_state(ssh_host, job)["state"] == "succeeded", 60, "job done")
+        want = hashlib.sha256((work / "ck" / "model.bin").read_bytes()).hexdigest()
+        argv = [sys.executable, "-m", "orchestrator.cli", "pull", "--host", "box", "--dest", str(dest), "--json"]
+        first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        jobdir = dest / "box" / f"big-{job[:6]}"
+        staged = jobdir / ".gpurun-partial" / "checkpoints" / "model.bin"
+        wait_until(lambda: staged.exists() and staged.stat().st_size > 5_000_000, 60, "bytes arriving")
+        kids = {p.pid: p.name() for p in psutil.Process(first.pid).children(recursive=True)}
+        assert "ssh" in kids.values() and "rsync" not in kids.values(), kids
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        wait_until(lambda: not alive(kids), 5, "the killed pull's ssh to die")
+        assert not holders(dest)
+        cut = staged.stat().st_size
+        assert 0 < cut < 70_000_000 and not (jobdir / "checkpoints" / "model.bin").exists()
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        (row,) = json.loads(res.stdout)["jobs"]
+        assert row["verified"] and not row["failed"], row
+        got = jobdir / "checkpoints" / "model.bin"
+        assert hashlib.sha256(got.read_bytes()).hexdigest() == want and not staged.exists()
+        assert JobRecord(jobdir).files["checkpoints/model.bin"]["method"] == "ssh-stream"
+        assert row["wire_bytes"] <= 70_000_000 - cut + 100, row  # only the missing bytes came
+    finally:
+        if first is not None and first.poll() is None:
+            first.kill()
+            first.wait()
+        kill_agents_under(Path(ssh_host["state_dir"]).parent)

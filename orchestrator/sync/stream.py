@@ -1,0 +1,172 @@
+"""Large files over SSH as one byte stream: received, hashed and written in a single pass.
+
+Why not rsync for them: on a box where ssh and sshd already keep the CPUs busy, rsync's own
+machinery (sender, generator and receiver processes, a whole-file checksum on each side) plus
+a reader that hashed the growing partial a second time cost about 1.5 CPU-seconds per GB
+more than the link itself, which put a verified pull at ~0.8 of plain rsync (docs/BENCHMARKS.md).
+Here the box runs ``tail -c +N`` (seek, then copy: the resume point) under the login shell,
+ssh carries the bytes, and gpurun appends each block to the partial and hands the same
+block to SHA-256. Nothing is read back; the engine still compares the digest with the
+manifest before the rename, exactly as for the other methods.
+
+A shell that prints on login (a chatty ``.bashrc``) cannot corrupt the stream: the payload
+starts after a marker line the command prints first. A box without ``tail`` or without a
+POSIX shell (no marker, exit 127) returns None, and the caller uses rsync instead.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from orchestrator.errors import TransportError
+from orchestrator.sync.transfer import (CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, TransferGroup,
+                                        _range_flusher, _start_offset, prefix_hasher)
+
+MARK = b"GPURUN-STREAM-5c1e\n"
+MAX_NOISE = 1 << 20       # login noise before the marker; more than this is not a shell's greeting
+PIPE_SIZE = 1 << 20       # a bigger pipe from ssh: fewer, larger reads (64 KiB by default)
+PROGRESS_EVERY = 4 << 20  # report progress every 4 MiB, not on every read
+_F_SETPIPE_SZ = 1031      # fcntl.F_SETPIPE_SZ (Linux), absent from older fcntl modules
+
+
+def remote_command(remote: str, start: int) -> str:
+    """The command the box's shell runs: the marker, then the file from byte ``start``.
+    ``--`` and quoting keep a name starting with ``-`` or holding ``$``, quotes, spaces or a
+    newline literal; an undecodable name (surrogates) goes out as its original bytes."""
+    return (f"printf '%s\\n' {MARK.decode().strip()} && exec tail -c +{start + 1} -- "
+            f"{shlex.quote(remote)}")
+
+
+def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, size: int,
+               on_progress: Progress, timeout_s: float, bwlimit_kbps: int = 0) -> Optional[Fetched]:
+    """Append ``remote``'s bytes from the partial's length up to ``size`` to ``partial``,
+    hashing as they arrive. None: the box cannot stream (no ``tail``, not a POSIX shell), use
+    rsync. Raises TransportError when the link or the box's read fails (the bytes already
+    appended stay: the next pass resumes), LocalWriteError when home cannot write."""
+    start = _start_offset(partial, size)
+    h = prefix_hasher(partial, start)
+    if start >= size:
+        return Fetched(h.hexdigest(), start, 0, start)  # all here already (or empty): verify it
+    argv = [*ssh_argv, target, remote_command(remote, start)]
+    with tempfile.TemporaryFile() as errf:
+        group = TransferGroup(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf, bufsize=0)
+        proc = group.proc
+        rx = _Receiver(partial, start, size, h, on_progress, bwlimit_kbps)
+        try:
+            rx.run(proc.stdout.fileno(), time.monotonic() + timeout_s)
+            if rx.pos < size or not rx.started:
+                try:
+                    proc.wait(timeout=30)  # end of stream: ssh is exiting, let it say how
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            proc.stdout.close()
+            group.close()  # a stream cut at ``size`` (the file grew) ends here
+        errf.seek(0)
+        err = errf.read()[-2000:].decode(errors="replace").strip()
+    code = proc.returncode
+    if rx.pos == start and (code == 127 or (code == 0 and not rx.started)):
+        return None  # no tail there (127), or a shell that did not run our command: rsync
+    if not rx.started:
+        raise TransportError(f"ssh stream of {remote} failed (exit {code}): {err[-300:]}",
+                             "run the pull again: it resumes from the bytes already here")
+    if rx.pos < size and code != 0:
+        raise TransportError(f"ssh stream of {remote} stopped at byte {rx.pos} (exit {code}): {err[-300:]}",
+                             "run the pull again: it resumes from the bytes already here")
+    on_progress(rx.pos)
+    return Fetched(h.hexdigest(), rx.pos, rx.pos - start + len(MARK), start, "ssh-stream")
+
+
+class _Receiver:
+    """Reads ssh's stdout: skips login noise up to the marker, then appends every block to the
+    partial and to the hash, paced to ``bwlimit_kbps`` KiB/s when set (as rsync's --bwlimit)."""
+
+    def __init__(self, partial: Path, start: int, size: int, h, on_progress: Progress, bwlimit_kbps: int):
+        self.partial = partial
+        self.pos = start
+        self.start = start
+        self.size = size
+        self.h = h
+        self.on_progress = on_progress
+        self.rate = bwlimit_kbps * 1024.0
+        self.started = False
+        self.noise = b""
+
+    def run(self, rfd: int, deadline: float) -> None:
+        try:
+            import fcntl
+
+            fcntl.fcntl(rfd, _F_SETPIPE_SZ, PIPE_SIZE)
+        except (ImportError, OSError):
+            pass  # the default pipe works, with more reads
+        poller = select.poll()
+        poller.register(rfd, select.POLLIN | select.POLLHUP)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        flush = _range_flusher()
+        t0 = time.monotonic()
+        flushed = reported = self.start
+        try:
+            wfd = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None
+        try:
+            while self.pos < self.size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportError(f"ssh stream timed out at byte {self.pos}",
+                                         "run the pull again: it resumes from the bytes already here")
+                if not poller.poll(min(1000, int(left * 1000) + 1)):
+                    continue
+                n = os.readv(rfd, [buf])
+                if n == 0:
+                    return  # end of stream: the caller reads ssh's exit status
+                block = view[:n]
+                if not self.started:
+                    block = self._after_mark(bytes(block))
+                    if block is None:
+                        continue
+                block = block[:self.size - self.pos]  # the file grew on the box: the manifest's length
+                self._write(wfd, block)
+                self.h.update(block)
+                self.pos += len(block)
+                if flush is not None and self.pos - flushed >= WRITEBACK:
+                    flush(wfd, flushed, self.pos - flushed)  # start writeback now: the fsync finds little
+                    flushed = self.pos
+                if self.pos - reported >= PROGRESS_EVERY:
+                    self.on_progress(self.pos)
+                    reported = self.pos
+                if self.rate:
+                    ahead = (self.pos - self.start) / self.rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        finally:
+            os.close(wfd)
+
+    def _after_mark(self, data: bytes) -> Optional[bytes]:
+        """The payload part of ``data`` once the marker has been seen, else None (noise kept)."""
+        self.noise += data
+        at = self.noise.find(MARK)
+        if at < 0:
+            if len(self.noise) > MAX_NOISE:
+                raise TransportError("the box's shell printed more than 1 MiB before the file",
+                                     "make the login shell quiet for non-interactive sessions")
+            return None
+        self.started = True
+        rest, self.noise = self.noise[at + len(MARK):], b""
+        return rest
+
+    def _write(self, wfd: int, block) -> None:
+        done = 0
+        while done < len(block):
+            try:
+                done += os.write(wfd, block[done:])
+            except OSError as exc:
+                raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None

@@ -26,8 +26,12 @@ def host() -> None:
 @click.option("--python", "python", default="python3", show_default=True, help="Python (>= 3.8) on the box.")
 @click.option("--insecure-host-key", is_flag=True, help="Do not verify the SSH host key (not recommended).")
 @click.option("--replace", is_flag=True, help="Replace an existing host of the same name.")
+@click.option("--slurm", "slurm_opts", multiple=True, metavar="KEY=VALUE",
+              help="A Slurm host's sbatch default over its profile's (partition, account, qos, constraint, "
+                   "time_default, gres); repeatable.")
 def add(name: str, profile: str, ssh_spec: str | None, key: str | None, jump: str | None, state_dir: str | None,
-        workdir: str | None, slots: int | None, python: str, insecure_host_key: bool, replace: bool) -> None:
+        workdir: str | None, slots: int | None, python: str, insecure_host_key: bool, replace: bool,
+        slurm_opts: tuple[str, ...]) -> None:
     """Add an SSH host NAME; its host key is recorded on first contact (trust on first use).
 
     The SSH user, host and port are checked first: a host or user starting with '-', a control
@@ -36,7 +40,8 @@ def add(name: str, profile: str, ssh_spec: str | None, key: str | None, jump: st
 
     core.check_new_name(name, replace=replace)  # before any contact: a taken name records no key
     entry = core.ssh_entry(name, profile=profile, ssh_spec=ssh_spec, key=key, jump=jump, state_dir=state_dir,
-                           workdir=workdir, slots=slots, python=python, insecure_host_key=insecure_host_key)
+                           workdir=workdir, slots=slots, python=python, insecure_host_key=insecure_host_key,
+                           slurm=slurm_opts)
     out = console(stderr=True)
     if not insecure_host_key:
         ktype, fp = core.first_contact(entry)

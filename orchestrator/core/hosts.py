@@ -8,7 +8,7 @@ The inventory file itself (``hosts.json``, the built-in ``local``) is ``orchestr
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from orchestrator import hosts as inventory
 from orchestrator.errors import HostError
@@ -20,7 +20,7 @@ __all__ = ["add", "check_new_name", "describe", "first_contact", "host_names", "
 def ssh_entry(name: str, *, profile: str = "generic-ssh", ssh_spec: Optional[str] = None,
               key: Optional[str] = None, jump: Optional[str] = None, state_dir: Optional[str] = None,
               workdir: Optional[str] = None, slots: Optional[int] = None, python: str = "python3",
-              insecure_host_key: bool = False) -> dict:
+              insecure_host_key: bool = False, slurm: tuple = ()) -> dict:
     """The inventory entry for SSH host ``name`` (no network, nothing written).
 
     Without ``ssh_spec``, ``name`` is an ``~/.ssh/config`` alias. Paths and the SSH user
@@ -44,10 +44,38 @@ def ssh_entry(name: str, *, profile: str = "generic-ssh", ssh_spec: Optional[str
         if problem:
             raise HostError(f"--jump {jump!r}: {problem}", "write it as " + inventory.FORM)
         target["proxy_jump"] = jump
-    return {"name": name, "profile": prof.name, "kind": "ssh", "ssh": target, "python": python,
-            "state_dir": state_dir or prof.path("state_dir", name) or "~/.gpurun",
-            "workdir": workdir or prof.path("workdir", name) or "~/gpurun-work",
-            "slots": slots or 1, "insecure_host_key": insecure_host_key}
+    entry = {"name": name, "profile": prof.name, "kind": "ssh", "ssh": target, "python": python,
+             "state_dir": state_dir or prof.path("state_dir", name) or "~/.gpurun",
+             "workdir": workdir or prof.path("workdir", name) or "~/gpurun-work",
+             "slots": slots or 1, "insecure_host_key": insecure_host_key}
+    if slurm:
+        entry["slurm"] = slurm_overrides(prof, slurm)
+    return entry
+
+
+SLURM_HOST_KEYS = ("partition", "account", "qos", "constraint", "time_default", "gres")
+
+
+def slurm_overrides(prof: Any, pairs: tuple) -> dict:
+    """``--slurm KEY=VALUE`` words as a host's ``slurm:`` mapping, checked by the profile
+    schema's own rules; a non-Slurm profile or an unknown key is bad input."""
+    from orchestrator.profile_schema import SLURM, Validator
+
+    if prof.get("kind") != "slurm":
+        raise HostError(f"--slurm is for Slurm hosts; profile {prof.name!r} is kind {prof.get('kind')!r}",
+                        "add the host with --profile slurm (or a profile that extends it)")
+    out: dict = {}
+    for word in pairs:
+        key, sep, val = word.partition("=")
+        if not sep or key not in SLURM_HOST_KEYS or not val:
+            raise HostError(f"--slurm {word!r}: expected KEY=VALUE with KEY among {', '.join(SLURM_HOST_KEYS)}",
+                            "e.g. --slurm partition=gpu --slurm account=lab42")
+        out[key] = val
+    try:
+        Validator("--slurm", {}).validate(out, SLURM)
+    except Exception as exc:  # the schema's ProfileError names the key; say it as a host problem
+        raise HostError(str(exc).replace("--slurm: key", "--slurm"), getattr(exc, "hint", "")) from None
+    return out
 
 
 def first_contact(entry: dict) -> tuple[str, str]:

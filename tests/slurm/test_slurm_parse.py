@@ -86,3 +86,23 @@ def test_profile_then_host_then_line(tmp_path: Path, isolated_home: Path) -> Non
     assert slurm.job_options(_job(tmp_path), cfg, {}) == {"partition": "long"}
     assert slurm.job_options(_job(tmp_path), cfg, {"partition": "debug"}) == {"partition": "debug"}
     assert "scheduler" not in host_config({"name": "b", "profile": "generic-ssh", "kind": "ssh"})
+
+
+def test_host_add_slurm_keys_are_checked_and_kept(isolated_home: Path) -> None:
+    import json as _json
+
+    from orchestrator import hosts
+    from rigs.agents import gpurun, one_error
+
+    res = gpurun("host", "add", "c1", "--profile", "slurm", "--ssh", "u@127.0.0.1:22", "--insecure-host-key",
+                 "--slurm", "partition=gpu", "--slurm", "account=lab42")
+    assert res.returncode == 0, res.stderr
+    entry = hosts.get_host("c1")
+    assert entry["kind"] == "ssh" and entry["profile"] == "slurm"  # reached over SSH like any host
+    assert entry["slurm"] == {"partition": "gpu", "account": "lab42"}
+    assert "no meter" not in _json.dumps(entry)
+    bad = one_error(gpurun("host", "add", "c2", "--profile", "slurm", "--ssh", "u@127.0.0.1:22",
+                           "--insecure-host-key", "--slurm", "partition=a b"))
+    assert "--slurm 'partition': 'a b' is not letters" in bad
+    assert "is for Slurm hosts" in one_error(gpurun("host", "add", "c3", "--ssh", "u@127.0.0.1:22",
+                                                    "--insecure-host-key", "--slurm", "partition=x"))

@@ -154,10 +154,7 @@ class Balancer:
         if self.last is not None and now - self.last < self.every_s:
             return []
         self.last = now
-        try:
-            from orchestrator.core.fleet_balance import balance_quietly
-        except ImportError:  # SHIM until core/fleet_balance.py (F2) lands: delete then
-            return []
+        from orchestrator.core.fleet_balance import balance_quietly
         from orchestrator.core.hosts import resolve
         try:
             return move_lines(balance_quietly([resolve(n) for n in self.names]))

@@ -284,7 +284,6 @@ def test_a_member_down_is_reported_and_the_others_shown(fleet, rigs, tmp_path: P
 
 
 def test_watch_fleet_rebalances_and_shows_each_move(fleet):
-    pytest.importorskip("orchestrator.core.fleet_balance")
     work_a = Path(fleet["box-a"]["workdir"])
     hold, q1, q2 = submit("box-a", "[name=hold] while [ ! -e stop ]; do sleep 0.1; done",
                           "[name=q1 cwd=/tmp] echo one", "[name=q2 cwd=/tmp] echo two")
@@ -378,3 +377,34 @@ def test_down_fleet_asks_once_and_stops_each_verified_member(fleet, rigs, tmp_pa
     finally:
         for m in marks.values():
             m.unlink(missing_ok=True)
+
+
+def test_pull_fleet_loop_rebalances_until_everything_is_home(fleet, tmp_path: Path):
+    import subprocess
+    import sys
+
+    work_a = Path(fleet["box-a"]["workdir"])
+    hold, q = submit("box-a", "[name=hold] while [ ! -e stop ]; do sleep 0.1; done", "[name=q cwd=/tmp] echo q")
+    wait_for(lambda: states("box-a")["hold"] == "running", "hold running on box-a")
+    dest = tmp_path / "d"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "pull", "--fleet", "f", "--loop",
+                             "--interval", "1", "--dest", str(dest), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the first round moves q off box-a (one slot, held) to box-b (free, nothing queued)
+        wait_for(lambda: states("box-b").get("q") == "succeeded", "q moved to box-b and run there")
+        assert proc.poll() is None  # hold still runs: the loop goes on
+        (work_a / "stop").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        (work_a / "stop").touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "moved job q: box-a -> box-b" in err
+    doc = json.loads(out)
+    assert doc["done"] and states("box-a") == {"hold": "succeeded", "q": "moved"}
+    home = {h["host"]: sorted(j["job"] for j in h["jobs"]) for h in doc["hosts"]}
+    assert home["box-b"] == [q] and hold in home["box-a"]
+    assert all(j["verified"] and j["complete"] for h in doc["hosts"] for j in h["jobs"])

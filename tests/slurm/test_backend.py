@@ -179,3 +179,19 @@ def test_fleet_release_takes_back_only_what_slurm_has_not_started(slurm_ssh_host
     ran = Path(slurm_ssh_host["workdir"]) / "ran.txt"
     assert pending["name"].replace("r", "ran-") not in ran.read_text()  # it never ran here
     gpurun("queue", "cancel", "--all", "--host", "cluster")
+
+
+def test_submit_wait_gets_each_jobs_last_word(slurm_ssh_host: dict, tmp_path: Path) -> None:
+    """``--wait`` on a Slurm host: no daemon gives the final quality checks, the verbs do
+    (reconcile); a job that logged metrics ends with a final record, and exit 1 says one failed."""
+    q = tmp_path / "q.txt"
+    q.write_text('[name=m gpus=0 metrics=m.jsonl] for s in $(seq 1 30); do echo "{\\"step\\": $s, '
+                 '\\"loss\\": 2.$((70 - s))}"; done > m.jsonl\n'
+                 "[name=f gpus=0] exit 4\n")
+    started = time.monotonic()
+    res = gpurun("queue", "submit", str(q), "--host", "cluster", "--wait", "--json", timeout=240)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    final = {j["name"]: j for j in json.loads(res.stdout)["jobs"]}
+    assert (final["m"]["state"], final["f"]["state"], final["f"]["exit_code"]) == ("succeeded", "failed", 4)
+    assert final["m"]["quality"]["final"] is True and final["m"]["quality"]["verdict"] == "CONTINUE", final["m"]
+    assert time.monotonic() - started < 120  # judged by the verbs, not after the 60 s grace

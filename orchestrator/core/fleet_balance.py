@@ -116,8 +116,11 @@ def balance_quietly(entries: list[dict], **kwargs: Any) -> BalanceReport:
 
 def _run(members: list[Member], data: dict, report: BalanceReport, lost_after_s: float, dry_run: bool) -> None:
     now = time.time()
-    look_all(members)
+    look_all(members, {m.name: FS.cached_gpus(data, m.name, now) for m in members})
     up = [m for m in members if m.error is None]
+    for m in up:
+        if FS.cached_gpus(data, m.name, now) is None and m.cap is not None:
+            data["gpus"][m.name] = {"n": m.cap.gpus, "at": now}
     down = [m for m in members if m.error is not None]
     report.unreachable = [m.name for m in down]
     report.errors += [f"{m.name} did not answer: {m.error}" for m in down]

@@ -30,14 +30,17 @@ class Member:
         self.rows: list[dict] = []
         self.cap: Any = None
 
-    def refresh(self) -> None:
-        """Ask for its jobs (and, once, its capacity); a failure is kept in ``error``."""
+    def refresh(self, gpus: Optional[int] = None) -> None:
+        """Ask for its jobs (and, once, its capacity: ``gpus`` is the GPU count seen lately,
+        which spares the ``gpu`` round trip); a failure is kept in ``error``."""
         if self.client is None:
             return
-        from orchestrator.core.fleet import capacity
+        from orchestrator.core.fleet import Capacity, capacity
         try:
             self.rows = [dict(r) for r in self.client.status(timeout=STATUS_TIMEOUT_S)["jobs"]]
-            if self.cap is None:
+            if self.cap is None and gpus is not None and not isinstance(self.entry.get("gpus"), list):
+                self.cap = Capacity(gpus, int(self.entry.get("slots") or 1))
+            elif self.cap is None:
                 self.cap = capacity(self.client)
             self.error = None
         except GpurunError as exc:
@@ -105,15 +108,17 @@ def open_members(entries: list[dict], quiet: set[str]) -> list[Member]:
     return out
 
 
-def look_all(members: list[Member]) -> None:
-    """Refresh every member in parallel (each waits on its own box)."""
+def look_all(members: list[Member], gpus: Optional[dict[str, Optional[int]]] = None) -> None:
+    """Refresh every member in parallel (each waits on its own box); ``gpus``: the GPU counts
+    seen lately, by member name."""
     live = [m for m in members if m.client is not None]
+    known = gpus or {}
     if len(live) <= 1:
         for m in live:
-            m.refresh()
+            m.refresh(known.get(m.name))
         return
     with cf.ThreadPoolExecutor(max_workers=min(32, len(live))) as pool:
-        list(pool.map(Member.refresh, live))
+        list(pool.map(lambda m: m.refresh(known.get(m.name)), live))
 
 
 def _movable(row: dict) -> bool:

@@ -7,6 +7,8 @@ Two facts live here, and nothing else:
 - ``lost_moves``: ``{host: {job id: {"to", "state", "at"}}}``: where each job of a lost host
   went and what state it was in then. When the host answers again, its copies of those jobs
   are released (compare-and-set), so a job that was queued there never runs twice.
+- ``gpus``: ``{host: {"n", "at"}}``: how many GPUs its agent saw, for ``GPU_TTL_S`` (a balance
+  is then one round trip per member, not two).
 
 The moves between reachable hosts need no record here: the old host's ``moved`` row is their
 journal (``core/fleet_balance``). Written like ``hosts.json``: under a lock, to a temporary
@@ -27,6 +29,7 @@ from orchestrator import paths
 from orchestrator.errors import FleetError
 
 SCHEMA = "gpurun/FLEET-STATE/v1"
+GPU_TTL_S = 600.0
 
 
 def state_file() -> Path:
@@ -34,7 +37,7 @@ def state_file() -> Path:
 
 
 def empty() -> dict[str, Any]:
-    return {"schema": SCHEMA, "unreachable_since": {}, "lost_moves": {}}
+    return {"schema": SCHEMA, "unreachable_since": {}, "lost_moves": {}, "gpus": {}}
 
 
 def load() -> dict[str, Any]:
@@ -54,14 +57,20 @@ def load() -> dict[str, Any]:
         raise FleetError(f"{path}" + (f", line {line}" if line else "") + f": not valid JSON ({exc})",
                          hint="it records where a lost host's jobs went; restore it from a backup, or "
                               "move it away once every fleet host answers again") from None
-    for key in ("unreachable_since", "lost_moves"):
+    for key in ("unreachable_since", "lost_moves", "gpus"):
         if not isinstance(data, dict) or not isinstance(data.get(key, {}), dict):
             raise FleetError(f"{path}: key {key!r} is not an object",
                              hint="the file is written by gpurun; move it away once every host answers")
     out = empty()
     out["unreachable_since"] = {str(k): float(v) for k, v in data.get("unreachable_since", {}).items()}
     out["lost_moves"] = {str(h): dict(v) for h, v in data.get("lost_moves", {}).items() if isinstance(v, dict)}
+    out["gpus"] = {str(h): v for h, v in data.get("gpus", {}).items() if isinstance(v, dict)}
     return out
+
+
+def cached_gpus(data: dict[str, Any], host: str, now: float) -> int | None:
+    rec = data["gpus"].get(host) or {}
+    return int(rec["n"]) if "n" in rec and now - float(rec.get("at") or 0) < GPU_TTL_S else None
 
 
 def save(data: dict[str, Any]) -> None:

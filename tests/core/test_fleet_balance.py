@@ -121,7 +121,9 @@ def rows(host: str) -> list[dict]:
 
 
 def every_row() -> dict[str, list[dict]]:
-    return {n: rows(n) for n in NAMES}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(NAMES)) as pool:
+        return dict(zip(NAMES, pool.map(rows, NAMES)))
 
 
 def quick(runs: Path, name: str, sleep: float = 0.1) -> str:
@@ -226,7 +228,7 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
     ids = submit("box0", [blocker(runs, gate)] + [quick(runs, n, 0.05) for n in names])
     ids.pop("blocker")
     rnd = random.Random(int(os.environ.get("GPURUN_CHAOS_SEED", "0")) or None)
-    kills, tries, started = 0, 0, time.monotonic()
+    kills, tries, finished, started = 0, 0, 0, time.monotonic()
     argv = [sys.executable, "-m", "orchestrator.cli", "queue", "balance", "--fleet", "f"]
     while kills < 20 and tries < 60:
         tries += 1
@@ -235,7 +237,7 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
         if rnd.random() < 0.6:
             env[fleet_balance.CRASH_ENV] = f"{rnd.choice(CRASH_STEPS)}:{rnd.randint(1, 2)}"
         else:
-            delay = rnd.uniform(0.3, 1.5)
+            delay = rnd.uniform(0.2, 1.2)   # a balance takes about 1 s here
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             proc.wait(timeout=delay if delay is not None else 60)
@@ -249,9 +251,12 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
         # the next controller finishes whatever the killed one began
         rep = fleet_balance.balance(members)
         assert not rep.errors and not rep.ran_on_both, rep
+        finished += len(rep.finished)
         check_once(ids, finished=False)
     assert kills >= 20, (kills, tries)
     chaos_s = time.monotonic() - started
+    print(f"chaos: {kills} kills in {tries} runs, {finished} moves finished after a kill, {chaos_s:.1f} s")
+    assert finished >= 3   # some kills fell between a release and its submit
     gate.touch()
     wait_until(lambda: all_done(ids), "every job to finish", timeout=120)
     where = check_once(ids, finished=True)
@@ -303,7 +308,8 @@ def test_a_lost_box_queue_runs_on_the_others_and_its_copies_are_released(fleet_o
     assert back.returncode == 1   # said loudly
     box2 = {r["name"]: r for r in rows("box2")}
     assert {n: box2[n]["state"] for n in names} == {n: "moved" for n in names}
-    assert not (Path(os.environ["XDG_DATA_HOME"]) / "gpurun" / "fleet-state.json").read_text().count('"box2"')
+    state = json.loads((Path(os.environ["XDG_DATA_HOME"]) / "gpurun" / "fleet-state.json").read_text())
+    assert state["lost_moves"] == {} and state["unreachable_since"] == {}   # box2 is a member again
     time.sleep(1.0)
     assert line_counts(runs, names) == {"q1": 1, "q2": 1, "q3": 1}   # never on box2
     events = (Path(os.environ["XDG_DATA_HOME"]) / "gpurun" / "fleet-events.jsonl").read_text()

@@ -175,6 +175,10 @@ class Wrapper:
     def on_signal(self, signum: int, _frame: Any) -> None:
         """Slurm's TERM (scancel, the time limit; KILL follows after KillWait): to the group."""
         self.signal_group(signal.SIGTERM if signum != signal.SIGUSR1 else signal.SIGUSR1)
+        limit = self.spec.get("timeout_s")
+        if signum == signal.SIGTERM and self.stop_cause is None and limit and \
+                time.time() - self.job["started_at"] >= float(limit) - 1.0:
+            self.stop_cause = "timeout"  # Slurm's time limit (--time, from timeout=): retried as on any host
         if signum != signal.SIGUSR1 and self.kill_at is None:
             self.kill_at = time.time() + float(self.config.get("kill_grace_s", KILL_GRACE_S))
             self.records.add_event(self.spec["id"], "signal", "info", "Slurm sent %s; passed to the job's process group"

@@ -33,14 +33,19 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from orchestrator.agent import states as S
 from orchestrator.core import fleet_state as FS
-from orchestrator.core.fleet_members import Member, look_all, open_members, rebalance_plan
+from orchestrator.core.fleet_members import (
+    Member,
+    look_all,
+    open_members,
+    rebalance_plan,
+)
 from orchestrator.errors import GpurunError
 
-__all__ = ["BalanceReport", "LOST_AFTER_S", "balance", "balance_quietly"]
+__all__ = ["LOST_AFTER_S", "BalanceReport", "balance", "balance_quietly"]
 
 LOST_AFTER_S = 120.0
 CRASH_ENV = "GPURUN_FLEET_CRASH_AT"
@@ -109,7 +114,7 @@ def balance_quietly(entries: list[dict], **kwargs: Any) -> BalanceReport:
         return balance(entries, **kwargs)
     except GpurunError as exc:
         return BalanceReport(errors=[exc.message], dry_run=bool(kwargs.get("dry_run")))
-    except Exception as exc:  # a poll loop must go on: a bug here is reported, not raised
+    except Exception as exc:  # noqa: BLE001 - a poll loop must go on: a bug here is reported, not raised
         return BalanceReport(errors=[f"balance failed: {type(exc).__name__}: {exc}"],
                              dry_run=bool(kwargs.get("dry_run")))
 
@@ -221,7 +226,7 @@ def _finish_moves(active: list[Member], by_name: dict[str, Member], lost: set[st
         _transfer(by_name[s], by_name[d], rows, whys[(s, d)], report.finished, report, dry_run)
 
 
-def _pick(job: dict, candidates: list[Member], report: BalanceReport) -> Optional[Member]:
+def _pick(job: dict, candidates: list[Member], report: BalanceReport) -> Member | None:
     """The least loaded member the job fits (``core/fleet.place``), or None (reported)."""
     from orchestrator.core.fleet import place
     loads = {m.name: m.load() for m in candidates if m.error is None}
@@ -277,7 +282,7 @@ def _transfer(src: Member, dst: Member, rows: list[dict], why: str, into: list[d
 _MOVED_SOURCE = re.compile(r"^moved from \S+ \((.*)\)$")
 
 
-def resubmission(spec: dict, old: dict, new: dict, plan: Optional[dict] = None) -> dict:
+def resubmission(spec: dict, old: dict, new: dict, plan: dict | None = None) -> dict:
     """The submit row of a job moving from ``old`` to ``new`` (inventory entries): paths under
     the old member's workdir / state dir rebased, ``attempt`` kept (``core/relocate``), and the
     source naming only the last hop."""

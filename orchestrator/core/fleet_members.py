@@ -10,7 +10,7 @@ capacity and nothing queued takes the queued jobs that would wait longest elsewh
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import Any, Optional
+from typing import Any
 
 from orchestrator.agent import states as S
 from orchestrator.errors import GpurunError
@@ -22,7 +22,7 @@ class Member:
     """One member: its inventory entry, an open agent client, its jobs and capacity, or the
     error that kept it from answering."""
 
-    def __init__(self, entry: dict, client: Any = None, error: Optional[str] = None):
+    def __init__(self, entry: dict, client: Any = None, error: str | None = None):
         self.entry = entry
         self.name: str = entry["name"]
         self.client = client
@@ -30,7 +30,7 @@ class Member:
         self.rows: list[dict] = []
         self.cap: Any = None
 
-    def refresh(self, gpus: Optional[int] = None) -> None:
+    def refresh(self, gpus: int | None = None) -> None:
         """Ask for its jobs (and, once, its capacity: ``gpus`` is the GPU count seen lately,
         which spares the ``gpu`` round trip); a failure is kept in ``error``."""
         if self.client is None:
@@ -45,7 +45,7 @@ class Member:
             self.error = None
         except GpurunError as exc:
             self.error = exc.message
-        except Exception as exc:  # a broken link must not stop the others being balanced
+        except Exception as exc:  # noqa: BLE001 - a broken link must not stop the others being balanced
             self.error = f"{type(exc).__name__}: {exc}"
 
     def load(self) -> Any:
@@ -74,7 +74,7 @@ class Member:
                 out.append(r)
         return out
 
-    def mark(self, job: str, state: Optional[str], **fields: Any) -> None:
+    def mark(self, job: str, state: str | None, **fields: Any) -> None:
         for r in self.rows:
             if r["id"] == job and state is not None:
                 r.update(state=state, **fields)
@@ -88,7 +88,7 @@ class Member:
         if self.client is not None:
             try:
                 self.client.close()
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - closing a dead link may fail any way; nothing to do
                 pass
 
 
@@ -108,7 +108,7 @@ def open_members(entries: list[dict], quiet: set[str]) -> list[Member]:
     return out
 
 
-def look_all(members: list[Member], gpus: Optional[dict[str, Optional[int]]] = None) -> None:
+def look_all(members: list[Member], gpus: dict[str, int | None] | None = None) -> None:
     """Refresh every member in parallel (each waits on its own box); ``gpus``: the GPU counts
     seen lately, by member name."""
     live = [m for m in members if m.client is not None]

@@ -21,9 +21,10 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from orchestrator import paths
 from orchestrator.errors import FleetError

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rigs.agents import gpurun, kill_agents_under
 from rigs.sshd import SshdRig, _ensure_user, sshd_available
 

@@ -120,7 +120,7 @@ def _down_fleet(fleet: str, *, yes: bool, confirm_fleet: Optional[str], dry_run:
     else:
         for r in rows:
             click.echo(f"{r['host']}: {r['outcome']}: {r['why']}")
-    refused = [r["host"] for r in rows if r["decision"] in ("refused", "aborted")]
+    refused = [r["host"] for r in rows if r["outcome"] in ("refused", "not stopped")]  # a dry run's too
     if refused:
         raise GateRefused(f"down --fleet {fleet}: {len(refused)} of {len(rows)} member(s) not stopped: "
                           + ", ".join(refused),

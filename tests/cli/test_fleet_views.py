@@ -202,6 +202,11 @@ def test_pull_and_down_fleet(fleet, tmp_path: Path):
         ("box-a", "refused", "refused"), ("box-b", "refused", "refused")]
     assert all("unverified artifacts" in h["why"] for h in doc["hosts"])
 
+    res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--dry-run")
+    assert res.returncode == 3 and all(": refused: " in ln for ln in res.stdout.splitlines())
+    teardown_log = Path(os.environ["XDG_DATA_HOME"]) / "gpurun" / "teardown.jsonl"
+    assert len(teardown_log.read_text().splitlines()) == 2  # the refusals above; a dry run records nothing
+
     # one member pulled: box-a passes (nothing gpurun can stop: it says so), box-b still refused
     res = gpurun("pull", "--host", "box-a", "--dest", str(dest))
     assert res.returncode == 0, res.stderr
@@ -332,6 +337,11 @@ def test_down_fleet_asks_once_and_stops_each_verified_member(fleet, rigs, tmp_pa
         submit("box-b", "[name=jb] echo b")
         wait_for(lambda: states("box-a")["ja"] == "succeeded" and states("box-b")["jb"] == "succeeded", "jobs done")
         assert gpurun("pull", "--fleet", "f", "--dest", str(dest)).returncode == 0
+
+        res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--dry-run")
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        assert res.stdout.splitlines() == ["box-a: would stop: gate passes; `stop` would run",
+                                           "box-b: would stop: gate passes; `stop` would run"]
 
         # a no to the one question: nothing stopped anywhere, exit 3
         res = gpurun("down", "--fleet", "f", "--dest", str(dest), input="n\n")

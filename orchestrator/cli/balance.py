@@ -36,6 +36,9 @@ def balance(fleet: str | None, host: tuple[str, ...], dry_run: bool, lost_after:
     queued jobs of the host with the longest queue. A move marks the job moved on its old host
     (refused if it started there: it stays) before adding it on the new one, so a job never runs
     twice and is never lost, even if this command is killed.
+
+    A lost host that was only cut off from here may have started a queued job before it
+    answers again: that job ran on both, and the next balance says so (exit 1).
     """
     from orchestrator.core import fleet as fleetcore
     from orchestrator.core import fleet_balance as core

@@ -152,8 +152,13 @@ def _welcome_back(m: Member, data: dict, report: BalanceReport, dry_run: bool) -
     """Release the member's copies of the jobs moved off it while it was lost, before anything
     starts its daemon (its client was opened without ``ensure``)."""
     moved = dict(data["lost_moves"].get(m.name) or {})
+    if not moved:   # it was only silent for a while: nothing of its queue went elsewhere
+        if not dry_run:
+            FS.forget_host(data, m.name)
+            FS.save(data)
+        return
     names = {r["id"]: r.get("name") for r in m.rows}
-    if moved and not dry_run:
+    if not dry_run:
         by_to: dict[str, list[str]] = {}
         for jid, info in moved.items():
             by_to.setdefault(str(info.get("to")), []).append(jid)

@@ -200,6 +200,14 @@ def test_balance_moves_the_last_queued_jobs_to_idle_boxes(fleet_of, runs: Path, 
     box0 = {r["name"]: r["state"] for r in rows("box0")}
     assert [n for n in names if box0[n] == "queued"] == ["j1", "j2", "j3"]   # the first ones stay
 
+    # a move towards a host that left the fleet (released, never submitted) ends on a member
+    from orchestrator.core.session import open_session
+    with open_session("box0") as s:
+        assert s.release([ids["j1"]], to="gone-box")["released"]
+    again = json.loads(gpurun("queue", "balance", "--fleet", "f", "--json").stdout)
+    assert [(m["name"], m["from"]) for m in again["finished"]] == [("j1", "box0")]
+    assert again["finished"][0]["to"] in ("box1", "box2") and "not in the fleet" in again["finished"][0]["why"]
+
     gate.touch()
     wait_until(lambda: all_done(ids), "every job to finish", timeout=120)
     where = check_once(ids, finished=True)
@@ -318,3 +326,27 @@ def test_a_lost_box_queue_runs_on_the_others_and_its_copies_are_released(fleet_o
     assert line_counts(runs, names) == {"q1": 1, "q2": 1, "q3": 1}   # never on box2
     events = (Path(os.environ["XDG_DATA_HOME"]) / "gpurun" / "fleet-events.jsonl").read_text()
     assert '"ran_on_both"' in events and ids["held"] in events
+
+
+def test_rebalance_plan_respects_gpus_and_takes_the_last_waiting_first() -> None:
+    """The plan alone (pure over the members' views): a job goes only where its GPUs fit."""
+    from orchestrator.core.fleet import Capacity
+    from orchestrator.core.fleet_members import Member, rebalance_plan
+
+    def member(name: str, gpus: int, rows: list[tuple[str, str, int]]) -> Member:
+        m = Member({"name": name})
+        m.cap = Capacity(gpus, 1)
+        m.rows = [{"id": i, "name": i, "state": st, "gpus": g, "attempt": 0} for i, st, g in rows]
+        return m
+
+    busy = member("a", 4, [("run", "running", 4), ("w1", "queued", 1), ("w2", "queued", 4),
+                           ("w3", "queued", 2), ("w4", "queued", 1)])
+    busy.rows[1]["attempt"] = 1   # w1 ran before: it stays with its checkpoints
+    two = member("b", 2, [])
+    one = member("c", 1, [("c-run", "running", 1)])   # full: takes nothing
+    plan = rebalance_plan([busy, two, one])
+    assert [(s.name, d.name, [r["id"] for r in rows]) for s, d, rows, _ in plan] == [("a", "b", ["w4"])]
+    # b had 2 GPUs: w4 (1 GPU, the last waiting) went; w3 (2 GPUs) no longer fits beside it,
+    # w2 (4 GPUs) never fits, and w1 ran before
+    assert "b had 2 free GPU(s) and nothing queued; a had 4 job(s) waiting" == plan[0][3]
+    assert {r["id"]: r["state"] for r in busy.rows}["w4"] == "moved"

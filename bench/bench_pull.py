@@ -1,9 +1,11 @@
 """Pull throughput, resume bytes and memory over a real loopback sshd (run as root).
 
-    python bench/bench_pull.py [--gb 1] [--rss-gb 10] [--rounds 3] [--default-cipher]
+    python bench/bench_pull.py [--gb 1] [--rss-gb 10] [--rounds 5] [--default-cipher]
 
-1. a GB-sized file pulled with gpurun's engine (rsync --append-verify + streamed SHA-256 +
-   format check + atomic rename) vs plain ``rsync -a`` over the same SSH link, same run;
+1. a GB-sized file pulled with gpurun's engine (one ssh stream hashed while written, fsync,
+   format check, atomic rename, marker) vs plain ``rsync -a`` over the same SSH link, and vs
+   the engine's previous way (rsync --append-verify + a reader hashing the growing partial),
+   interleaved in each round; medians, with the load average before and after;
 2. a pull killed at 40 % and resumed: bytes on the wire reported by rsync;
 3. peak RSS of the pulling process for a ``--rss-gb`` sparse file (streaming hash).
 """
@@ -16,6 +18,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--rss-gb", type=float, default=10.0)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--default-cipher", action="store_true",
                     help="pull with OpenSSH's default cipher order, as plain rsync does (no AES-GCM first)")
     args = ap.parse_args()
@@ -100,7 +103,8 @@ def main() -> None:
         from orchestrator.sync.transfer import _CIPHERS, _has_aes
         same_cipher = not args.default_cipher and _has_aes()
         ssh_same = " ".join(ssh + ["-o", f"Ciphers={_CIPHERS}"]) if same_cipher else ssh_e
-        plain_t, same_t, durable_t, ours_t = [], [], [], []
+        plain_t, same_t, durable_t, ours_t, old_t = [], [], [], [], []
+        load0 = os.getloadavg()
         for _ in range(args.rounds):
             drop_local(work / "plain")
             t = time.monotonic()
@@ -124,14 +128,25 @@ def main() -> None:
             res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
             ours_t.append(time.monotonic() - t)
             assert res.verified, res.as_dict()
-        p, q, d, o = min(plain_t), min(same_t), min(durable_t), min(ours_t)
-        print(f"pull {args.gb:g} GB over loopback SSH (best of {args.rounds}):")
+            drop_local(work / "ours")
+            t = time.monotonic()
+            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, stream=False)
+            res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
+            old_t.append(time.monotonic() - t)
+            assert res.verified, res.as_dict()
+        load1 = os.getloadavg()
+        p, q, d, o, b = (statistics.median(x) for x in (plain_t, same_t, durable_t, ours_t, old_t))
+        print(f"pull {args.gb:g} GiB over loopback SSH, median of {args.rounds} interleaved rounds "
+              f"(load {load0[0]:.2f} before, {load1[0]:.2f} after; {os.cpu_count()} CPUs):")
         print(f"  plain rsync -a (default cipher)   : {p:6.2f} s  {size / p / 1e6:7.1f} MB/s")
         print(f"  plain rsync -a (gpurun's ciphers) : {q:6.2f} s  {size / q / 1e6:7.1f} MB/s")
         print(f"  same + fsync (durable, like ours) : {d:6.2f} s  {size / d / 1e6:7.1f} MB/s")
-        print(f"  gpurun pull (incl. verify)        : {o:6.2f} s  {size / o / 1e6:7.1f} MB/s  = "
-              f"{100 * p / o:.0f} % of default rsync, {100 * q / o:.0f} % of rsync with the same ciphers, "
-              f"{100 * d / o:.0f} % of the same made durable")
+        print(f"  gpurun pull (incl. verify)        : {o:6.2f} s  {size / o / 1e6:7.1f} MB/s")
+        print(f"  gpurun pull, rsync + read-back    : {b:6.2f} s  {size / b / 1e6:7.1f} MB/s  (the way before)")
+        print(f"  ratio (rsync time / gpurun time, 1.0 = as fast): {q / o:.2f} of rsync with the same "
+              f"ciphers ({q / b:.2f} before), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
+        print("  per round (s): " + "; ".join(f"{a:.2f}/{c:.2f}/{e:.2f}" for a, c, e in zip(same_t, ours_t, old_t))
+              + "  (rsync same ciphers / gpurun / before)")
 
         # resume: keep 40 % as a partial, pull again
         drop_local(work / "ours")

@@ -1,9 +1,13 @@
 """The remote artifact manifest: per job, every declared file with size, mtime and SHA-256.
 
-Runs on the GPU box (stdlib only, Python >= 3.8). Hashes are streamed in 1 MiB chunks and
-cached by (size, mtime_ns) under the state dir, so a 10 GB checkpoint is hashed once. A file
-enters the manifest only when it is finished: its job is terminal, or its size and mtime did
-not change between two polls at least ``settle_s`` apart. Temp names never enter it.
+Runs on the GPU box (stdlib only, Python >= 3.8). Hashes are streamed in 4 MiB chunks and
+cached by (size, mtime_ns, inode) under the state dir, so a 10 GB checkpoint is hashed once
+(and a file replaced by another of the same size and mtime is hashed again). A file enters the
+manifest only when it is finished: its job is terminal, or its size and mtime did not change
+between two polls at least ``settle_s`` apart. The wait between the two polls is not idle: the
+files that look quiet already are hashed during it, and the hash is kept when the second poll
+finds them unchanged, so a pull does not wait for the settle and then for the hash. Temp names
+never enter it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ try:  # fcntl is POSIX-only; the agent runs on Linux, tests may not.
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore
 
-CHUNK = 1 << 20
+CHUNK = 4 << 20  # fewer reads per GB; memory stays at one chunk
 SCHEMA = "gpurun/MANIFEST/v1"
 # Writers use these while a file is incomplete; a crashed job may leave them behind. They
 # are never artifacts, even once the job has ended.
@@ -41,6 +45,12 @@ def sha256_file(path: str, chunk: int = CHUNK) -> str:
                 break
             h.update(block)
     return h.hexdigest()
+
+
+def _sig(st: os.stat_result) -> Tuple[int, int, int]:
+    """What says "the same file, unchanged" without reading it: size, mtime and inode (a
+    file replaced by a rename keeps neither its inode nor, usually, its hash)."""
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def is_temp_name(name: str) -> bool:
@@ -132,6 +142,7 @@ class _Scan:
         self.pending: List[Dict[str, Any]] = []
         self.skipped: List[Dict[str, Any]] = []
         self.unsettled: List[Tuple[str, str, str, str]] = []
+        self.prehashed: Dict[str, Tuple[Tuple[int, int, int], str]] = {}
         self.seen: set = set()
 
     def run(self) -> None:
@@ -164,6 +175,32 @@ class _Scan:
             entry["obs"] = sig + [self.now]
         self.unsettled.append((full, path, section, rel))
 
+    def prehash(self, budget_end: float, clock) -> None:
+        """During the settle wait: hash the unsettled files that look quiet (not modified for
+        ``settle_s`` already, not hashed under this signature before), oldest first, until
+        ``budget_end``. A hash is kept only if the file did not change while it was read; the
+        second poll then decides, as without it, whether the file is listed."""
+        quiet = []
+        for full, _path, _section, _rel in self.unsettled:
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            entry = self.cache.data.get(full, {})
+            cached = (entry.get("size"), entry.get("mtime_ns"), entry.get("ino")) == _sig(st) and entry.get("sha256")
+            if not cached and self.now - st.st_mtime_ns / 1e9 >= self.settle_s:
+                quiet.append((st.st_mtime_ns, full, st))
+        for _mtime, full, st in sorted(quiet):
+            if clock() >= budget_end:
+                return
+            try:
+                digest = sha256_file(full)
+                after = os.stat(full)
+            except OSError:
+                continue
+            if _sig(after) == _sig(st):
+                self.prehashed[full] = (_sig(st), digest)
+
     def settle(self, now: float) -> None:
         """Second poll for files seen changing or seen for the first time."""
         self.now = now
@@ -182,14 +219,18 @@ class _Scan:
 
     def _ready(self, full: str, path: str, section: str, rel: str, st: os.stat_result) -> None:
         entry = self.cache.data.setdefault(full, {})
-        if entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns or not entry.get("sha256"):
-            digest = sha256_file(full)
-            after = os.stat(full)
-            if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
-                entry["obs"] = [after.st_size, after.st_mtime_ns, time.time()]
-                self.pending.append({"path": path, "size": after.st_size, "reason": "changed while hashing"})
-                return
-            entry.update(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=digest)
+        if (entry.get("size"), entry.get("mtime_ns"), entry.get("ino")) != _sig(st) or not entry.get("sha256"):
+            pre = self.prehashed.get(full)
+            if pre is not None and pre[0] == _sig(st):
+                digest = pre[1]  # hashed during the settle wait, unchanged since
+            else:
+                digest = sha256_file(full)
+                after = os.stat(full)
+                if _sig(after) != _sig(st):
+                    entry["obs"] = [after.st_size, after.st_mtime_ns, time.time()]
+                    self.pending.append({"path": path, "size": after.st_size, "reason": "changed while hashing"})
+                    return
+            entry.update(size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino, sha256=digest)
         item = {"path": path, "remote": full, "kind": _kind(section, rel), "size": st.st_size,
                 "mtime": st.st_mtime_ns / 1e9, "sha256": entry["sha256"]}
         if section == "checkpoints":
@@ -217,7 +258,12 @@ def build_manifest(state_dir: str, jobs: List[Dict[str, Any]], settle_s: float =
         for scan in scans:
             scan.run()
         if any(s.unsettled for s in scans):
-            sleep(settle_s)
+            start = clock()
+            for scan in scans:  # the wait is spent hashing what will most likely be listed
+                scan.prehash(start + settle_s, clock)
+            left = settle_s - (clock() - start)
+            if left > 0:
+                sleep(left)
             now = clock()
             for scan in scans:
                 scan.settle(now)

@@ -120,3 +120,68 @@ def test_manifest_verb_scopes_jobs_and_rejects_unknown_refs(tmp_path: Path):
     with pytest.raises(VerbError) as err:
         manifest_verb(ctx, {"jobs": ["nope"]})
     assert err.value.kind == "not_found"
+
+
+def test_quiet_files_are_hashed_during_the_settle_wait_and_only_once(tmp_path: Path, monkeypatch):
+    """A running job's files seen for the first time need a second poll; the ones already
+    quiet (mtime older than settle_s) are hashed while it waits, not after it."""
+    import time
+
+    job = make_job(tmp_path)
+    clock = Clock()
+    clock.t = time.time() + 60  # every file was last written a minute ago
+    events: list[tuple[str, str]] = []
+    real = M.sha256_file
+    monkeypatch.setattr(M, "sha256_file", lambda p, chunk=M.CHUNK: events.append(("hash", p)) or real(p, chunk))
+
+    def sleep(s: float) -> None:
+        events.append(("sleep", str(s)))
+        clock.sleep(s)
+
+    man = M.build_manifest(str(tmp_path / "state"), [job], settle_s=2.0, clock=clock, sleep=sleep)
+    (j,) = man["jobs"]
+    assert len(j["files"]) == 4 and j["pending"] == []
+    assert [e[0] for e in events] == ["hash"] * 4 + ["sleep"], events  # hashed during the wait, once each
+    data = (tmp_path / "work/ckpt/step-10/model.safetensors").read_bytes()
+    f = next(x for x in j["files"] if x["path"] == "checkpoints/step-10/model.safetensors")
+    assert f["sha256"] == hashlib.sha256(data).hexdigest()
+    events.clear()
+    M.build_manifest(str(tmp_path / "state"), [job], settle_s=2.0, clock=clock, sleep=sleep)
+    assert events == []  # settled and cached: no second poll, no hash
+
+
+def test_a_file_changed_after_its_early_hash_is_hashed_again(tmp_path: Path):
+    """The early hash is only a guess: a file rewritten during the wait (same size here) is
+    hashed again once it settles, never listed with the old bytes' hash."""
+    import time
+
+    job = make_job(tmp_path)
+    ck = tmp_path / "work/ckpt/best.pt"
+    clock = Clock()
+    clock.t = time.time() + 60
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        ck.write_bytes(b"BEST")  # rewritten between the two polls
+
+    man = M.build_manifest(str(tmp_path / "state"), [job], settle_s=2.0, clock=clock, sleep=sleep)
+    assert [p["path"] for p in man["jobs"][0]["pending"]] == ["checkpoints/best.pt"]
+    man = M.build_manifest(str(tmp_path / "state"), [job], settle_s=2.0, clock=clock, sleep=clock.sleep)
+    best = next(f for f in man["jobs"][0]["files"] if f["path"] == "checkpoints/best.pt")
+    assert best["sha256"] == hashlib.sha256(b"BEST").hexdigest()
+
+
+def test_a_file_replaced_with_the_same_size_and_mtime_is_hashed_again(tmp_path: Path):
+    job = make_job(tmp_path, state="succeeded")
+    state = str(tmp_path / "state")
+    M.build_manifest(state, [job], settle_s=5.0)
+    ck = tmp_path / "work/ckpt/best.pt"
+    st = ck.stat()
+    other = tmp_path / "work/ckpt/other"
+    other.write_bytes(b"BEST")  # same length, other bytes, put in place by a rename
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, ck)
+    assert (ck.stat().st_size, ck.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    man = M.build_manifest(state, [job], settle_s=5.0)
+    best = next(f for f in man["jobs"][0]["files"] if f["path"] == "checkpoints/best.pt")
+    assert best["sha256"] == hashlib.sha256(b"BEST").hexdigest()

@@ -135,6 +135,9 @@ def _pull_fleet(fleet: str, *, jobs: tuple[str, ...], dest: Optional[str], loop:
         if summary.get("error"):
             click.echo(f"[{time.strftime('%H:%M:%S')}] {summary['host']}: pull failed: {summary['error']}"
                        + ("; trying again next round" if loop else ""), err=True)
+        elif summary.get("absent"):  # --job names a job another member holds
+            if not as_json:
+                click.echo(f"[{time.strftime('%H:%M:%S')}] {summary['host']}: none of the named jobs is here", err=True)
         elif as_json:
             _echo_refusals(summary)
         else:

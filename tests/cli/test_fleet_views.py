@@ -222,6 +222,8 @@ def test_pull_and_down_fleet(fleet, tmp_path: Path):
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert [[j["job"] for j in h["jobs"]] for h in doc["hosts"]] == [[], [jb1]]
+    res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--job", "jb1")
+    assert res.returncode == 0 and "box-a: none of the named jobs is here" in res.stderr, res.stderr
     res = gpurun("pull", "--fleet", "f", "--dest", str(dest), "--job", "nosuch")
     assert res.returncode == 2 and "no job nosuch on any member" in res.stderr
 

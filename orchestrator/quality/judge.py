@@ -53,6 +53,7 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
         findings.extend(fn(run, opts))
     _confirm(run, opts, findings)
     _eval_veto(run, opts, findings)
+    _plateau_veto(findings)
     # STOP findings first, the clearest cause first (the reason and the agent's evidence name the
     # first one): 3.8e25 is an absurd loss before it is an unrecovered spike
     findings.sort(key=lambda f: (0, STOP_ORDER.get(str(f["code"]), len(STOP_ORDER))) if f["severity"] == "stop"
@@ -118,6 +119,19 @@ def _eval_veto(run: Run, opts: dict, findings: List[dict]) -> None:
                 and L.eval_improving(run, opts, float(f["step"])):  # type: ignore[arg-type]
             f["severity"] = "warn"
             f["evidence"]["eval_improving"] = True  # type: ignore[index]
+
+
+def _plateau_veto(findings: List[dict]) -> None:
+    """The level rule saw the whole run come back to a plateau it held before a short dip
+    (``rules_level``): a window rule measuring the rise against that dip is the same rise."""
+    back = next((f["evidence"]["back_to_plateau"] for f in findings  # type: ignore[index]
+                 if f["code"] in ("level_shift", "divergence_best") and "back_to_plateau" in f["evidence"]), None)
+    if back is None:
+        return
+    for f in findings:
+        if f["severity"] == "stop" and f["code"] in ("divergence", "spike_unrecovered"):
+            f["severity"] = "warn"
+            f["evidence"]["back_to_plateau"] = back  # type: ignore[index]
 
 
 def _reason(f: dict) -> str:

@@ -41,6 +41,7 @@ def _lit(seg: str) -> str:
 
 MAX_SHAPES = 6
 SKIP, STEPPED, STEPLESS, EPOCH_BATCH = 0, 1, 2, 3
+_EPOCH_GAP = re.compile(r"\]\s*\[")  # "][" or "]  [": parse() takes the step from [e][i/n]
 
 
 def plan_of(segs: Tuple[str, ...], parser: LineParser):
@@ -76,12 +77,14 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
             known = True
         vals.append((i, name))
     if not vals or not known:
-        return None if batch_cols else (SKIP, -1, -1, (), ())
+        if batch_cols or all(not s.strip(" /:") for s in segs):
+            return None  # a row of bare numbers: a table's row to ``parse`` (``tables``)
+        return (SKIP, -1, -1, (), ())
     if batch_cols and step_col < 0:  # parse() computes (E-1)*N + B only for a line without a step key
         return (EPOCH_BATCH, batch_cols[0], planned_col, tuple(vals), batch_cols[1:])
     if batch_cols:
         return None
-    if step_col < 0 and any("][" in s for s in segs):
+    if step_col < 0 and any(_EPOCH_GAP.search(s) for s in segs):
         return None
     if step_col >= 0:
         epochs = []  # parse() only falls back to an integer epoch when there is no step

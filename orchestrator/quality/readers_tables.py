@@ -9,7 +9,7 @@ import json
 import os
 from typing import List, Optional, Tuple
 
-from orchestrator.quality.readers_text import FileCursor
+from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import SYNONYMS, Run
 
 

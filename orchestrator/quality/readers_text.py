@@ -7,14 +7,14 @@ CSV whose header changed, asks the caller for a fresh run (``poll`` returns ``"r
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
-from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF, KERAS_BATCH, KERAS_EPOCH,
-                                        KERAS_EPOCH_LINE, KERAS_PAIR, TQDM_STEP, context_line, epoch_step)
+from orchestrator.quality.steps import (BAR_EPOCH, EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF, KERAS_BATCH,
+                                        KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, TQDM_STEP, context_line, epoch_step)
+from orchestrator.quality.tables import TABLE_HEAD, Table, abort_record, table_head
 
 # a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
 _NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|Infinity|infinity))"
@@ -63,7 +63,12 @@ def _key_of(seg: str) -> str:
     if k in SYNONYMS or k in STEP_KEYS or k == "epoch":
         return k
     if " " in k:
-        k = k.rsplit(" ", 1)[1].strip(_STRIP)
+        words = k.split(" ")
+        k = words[-1].strip(_STRIP)
+        if (k in SYNONYMS or k == "losses") and 1 < len(words) <= 4 and all(w.isalpha() for w in words[:-1]):
+            # "mean center loss", "eval loss": the words before say which loss (``series.role_of``
+            # reads them); only the last word, every such phrase would be the train loss
+            return "_".join(words)
         if k in SYNONYMS or k in STEP_KEYS:
             return k
     return k if _IDENT.match(k) else _NOKEY
@@ -85,6 +90,8 @@ class LineParser:
         self.keras_epochs: Optional[int] = None
         self.per_epoch: Optional[int] = None
         self.by_epoch = False  # the last parse's step is an integer epoch, not a step
+        self.table: Optional[Table] = None  # the last column header (``tables``): its rows follow
+        self.epoch0 = False  # an "Epoch: [0]" was seen: epochs count from 0 (torchvision)
 
     def _keras(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         """A Keras header (remembered, no record) or batch line (step from its header)."""
@@ -107,6 +114,10 @@ class LineParser:
         if self.user_re is not None:
             return self._parse_user(line)
         self.by_epoch = False
+        if self.table is not None:
+            rec = self.table.row(line)
+            if rec is not None:
+                return rec
         if "%|" in line and "{" not in line:
             return None  # tqdm progress bar
         c = line[:1]
@@ -118,8 +129,14 @@ class LineParser:
         if (c == "E" or c == " " or c.isdigit()) and "/" in line and (KERAS_EPOCH.match(line)
                                                                       or KERAS_BATCH.match(line)):
             return self._keras(line)
+        if "oss is " in line or "oss became " in line or "oss was " in line:
+            ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
+            if ab is not None:
+                return ab[0], ab[1], None
         parts = NUM_SPLIT(line)
         if len(parts) < 3:
+            if len(parts) == 1 and line[:1] in " Eeis":
+                self.table = table_head(line) or self.table
             return None
         cache = self.cache
         if len(cache) > 20000:
@@ -161,10 +178,11 @@ class LineParser:
         if not vals or not known:
             return None
         if step is None:
-            if "][" in line:
-                m = EPOCH_ITER.search(line)
-                if m:
-                    step = epoch_step(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            m = EPOCH_ITER.search(line) if "][" in line or "] " in line else None
+            if m:
+                e = int(m.group(1))
+                self.epoch0 = self.epoch0 or e == 0
+                step = epoch_step(e + self.epoch0, int(m.group(2)), int(m.group(3)))
             elif "Iter(" in line:
                 m = ITER_OF.search(line)
                 if m:
@@ -208,40 +226,6 @@ class LineParser:
 
 
 _KNOWN = set(SYNONYMS.values())
-class FileCursor:
-    """Where we stopped in an append-only file, and how to notice it was replaced."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.offset = 0
-        self.ino: Optional[int] = None
-        self.head = ""
-
-    def _head_hash(self, f) -> str:
-        f.seek(0)
-        return hashlib.sha1(f.read(4096)).hexdigest()
-
-    def check(self, f) -> bool:
-        """True when the file is the one we were reading (else the caller restarts at 0)."""
-        st = os.fstat(f.fileno())
-        if self.ino is None:
-            self.ino = st.st_ino
-        if st.st_ino != self.ino or st.st_size < self.offset:
-            return False
-        return not self.head or self._head_hash(f) == self.head
-
-    def seal(self, f) -> None:
-        """Remember the file head once it is complete, to notice a rewrite later."""
-        if not self.head and self.offset >= 4096:
-            self.head = self._head_hash(f)
-
-    def state(self) -> dict:
-        return {"offset": self.offset, "ino": self.ino, "head": self.head}
-
-    def restore(self, st: dict) -> None:
-        self.offset, self.ino, self.head = int(st.get("offset", 0)), st.get("ino"), st.get("head", "")
-
-
 def _tied(run: Run, marks: Dict[str, int], fast: Dict[str, int]) -> bool:
     """Whether a series got points at one step from both the fast path (``marks`` to ``fast``)
     and the lines it left (after ``fast``)."""
@@ -351,8 +335,22 @@ class LineSource:
                 self.bar_post = key
                 run.add_record(bar_step(run, bar), vals)
 
+    def _bar_count(self, line: str, m, run: Run) -> float:
+        """A bar's step: its count, or (epoch, count) when its description names the epoch."""
+        b, n = int(m.group(1)), int(m.group(2))
+        e = BAR_EPOCH.match(line)
+        if e is None:
+            run.planned_steps = run.planned_steps or float(n)
+            return float(b)
+        ep = int(e.group(1))
+        self.parser.epoch0 = self.parser.epoch0 or ep == 0
+        if e.group(2) and not run.planned_steps:
+            run.planned_steps = float(int(e.group(2)) * n)
+        return epoch_step(ep + self.parser.epoch0, b, n)
+
     def _slow(self, text: str, run: Run) -> None:
-        if self.parser.user_re is None and len(text) >= 4096:
+        if (self.parser.user_re is None and len(text) >= 4096 and self.parser.table is None
+                and not TABLE_HEAD.search(text) and not BAR_EPOCH.search(text)):
             if self.scan is None:
                 from orchestrator.quality.linescan import OrderedScan
                 self.scan = OrderedScan(self.parser)
@@ -367,14 +365,19 @@ class LineSource:
             if not line:
                 continue
             if "%|" in line and "{" not in line:
+                if parser.table is not None:  # a table's row with its bar (``tables``)
+                    rec = parser.table.row(line)
+                    if rec is not None:
+                        self.explicit = LINE
+                        run.planned_steps = run.planned_steps or rec[2]
+                        add(rec[0], rec[1])
+                        continue
                 # a tqdm bar knows the step that HF dict lines leave out
                 m = TQDM_STEP.search(line)
                 if m:
-                    self.bar_step = float(m.group(1))
-                    if not run.planned_steps:
-                        run.planned_steps = float(m.group(2))
+                    self.bar_step = self._bar_count(line, m, run)
                 if "=" in line:
-                    self._bar_record(line, run, float(m.group(1)) if m else None)
+                    self._bar_record(line, run, self.bar_step if m else None)
                 continue
             rec = parse(line)
             if rec is None:

@@ -12,7 +12,8 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.series import Run, Series, isfinite, median
+from orchestrator.quality.series import Run, Series, isfinite, median, role_of
+from orchestrator.quality.tables import ABORT_SERIES
 
 Finding = Dict[str, object]
 DIV_WARN, DIV_STOP = 1.15, 1.5
@@ -58,10 +59,18 @@ def windows(n: int) -> Tuple[int, int]:
 
 
 def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
-    out = []
-    for name in ("loss", "val_loss", "eval_loss"):
-        s = run.get(name)
-        if s is None:
+    """STOP on a trailing run of 2+ NaN/Inf (or 2 of the last 5) in the train, val or eval loss,
+    or in another series that is the train loss by name (``mean_training_loss`` beside a bar's
+    ``loss``); on a trainer's own abort for a non-finite loss; warn on a single one."""
+    out = _aborted(run)
+    if out:
+        return out
+    names = [("loss", run.get("loss")), ("val_loss", run.get("val_loss")), ("eval_loss", run.get("eval_loss"))]
+    main = names[0][1]
+    names += [(k, run.series[k]) for k in run.by_role().get("loss", ()) if role_of(k)[1] <= 0  # type: ignore[index]
+              and main is not None and run.series[k] is not main]
+    for name, s in names:
+        if s is None or not len(s):
             continue
         last = list(s.values[-5:])
         bad = [not isfinite(v) for v in last]
@@ -80,6 +89,20 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
                                H.nonfinite_one(name), name))
     return _witnessed(run, out)
+
+
+def _aborted(run: Run) -> List[Finding]:
+    """The trainer printed that it stopped on a non-finite loss (``tables.ABORT``), after the
+    last loss point it logged: the run's last state is poisoned, whatever its last logged loss."""
+    ab = run.series.get(ABORT_SERIES)
+    if ab is None or not len(ab):
+        return []
+    loss = run.get("loss")
+    if loss is not None and len(loss) and loss.steps[-1] > ab.steps[-1]:
+        return []  # logging went on after the message: a restart that lived (judged as usual)
+    return [finding("nonfinite_loss", "stop", ab.steps[-1], {"series": "loss", "trainer_stopped": True,
+                                                             "last_finite": _last_finite(loss) if loss else None},
+                    H.nonfinite(ab.steps[-1], run.get("loss_scale") is not None), "loss")]
 
 
 def _witnessed(run: Run, out: List[Finding]) -> List[Finding]:

@@ -166,8 +166,35 @@ def level_shift(run: Run, opts: dict) -> List[Finding]:
         sev, ev["recovering"] = "warn", True
     elif math.exp(levels[-1]) - math.exp(best) < 0.01 * abs(math.exp(head) - math.exp(best)):
         sev, ev["immaterial"] = "warn", True  # a rise of <1% of what the run learned: noise at a floor
+    else:
+        back = _plateau_before_dip(levels, smooth, at, k, best, warn_at)
+        if back is not None:
+            sev, ev["back_to_plateau"] = "warn", _r(math.exp(back))
     hint = (H.LEVEL_SHIFT if code == "level_shift" else H.divergence(run, onset)) if sev == "stop" else H.DIVERGE_WARN
     return [finding(code, sev, onset, ev, hint, s.name)]
+
+
+def _plateau_before_dip(levels: List[float], smooth: List[float], at: int, k: int, best: float,
+                        warn_at: float) -> Optional[float]:
+    """The level of a flat stretch the run held before a short dip to its best, when every
+    block since the dip sits at or under it: a per-step loss that spread over decades (a
+    classifier fine-tune at 1e-3..0.3) dipped for a few blocks and came back to where it had
+    been for longer than the dip lasted. That is the run's level, not a jump above it. None
+    when the stretch before was a descent, was shorter than twice the dip, or the blocks since
+    the dip sit above it (their median, past the warn line)."""
+    j0 = at
+    while j0 > 0 and smooth[j0 - 1] - best <= warn_at:
+        j0 -= 1  # where the dip began: the first block near the best level
+    dip = max(1, k - j0)
+    w = max(6, 2 * dip)
+    if j0 < w:
+        return None
+    pre = levels[j0 - w:j0]
+    half = w // 2
+    if abs(median(pre[:half]) - median(pre[half:])) > warn_at:
+        return None  # the stretch before the dip was still moving: a descent, not a plateau
+    ref = median(pre)
+    return ref if median(levels[k:]) - ref <= warn_at else None
 
 
 def _first_above(s: Series, after: float, upto: float, line: float) -> float:

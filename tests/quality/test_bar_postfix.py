@@ -43,7 +43,8 @@ def test_a_bar_only_log_is_read_once_per_change_and_never_rewinds(tmp_path, monk
     assert sorted(got[0]) == ["loss", "v_num"]          # as a line's pairs; the rate is no pair
     assert got[1] == [] and steps == sorted(steps)      # epoch 2's "1/300" is no restart
     assert len(vals) == len(set(vals)) > 250            # one point per change, no redraw twice
-    assert steps[:3] == [1.0, 2.0, 3.0] and steps[-1] == 300.0
+    # "Epoch E:" names the epoch of a bar whose count starts over: the step is global (E, count)
+    assert steps[:3] == [1.0, 2.0, 3.0] and 5 * 300 < steps[-1] <= 6 * 300
     with monkeypatch.context() as m:                    # the per-line loop gives the same
         m.setattr(fastpath.FastPath, "take", lambda self, text, run, marks: text)
 

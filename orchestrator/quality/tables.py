@@ -1,0 +1,130 @@
+"""Console tables and trainer stop messages: metrics whose names are not beside their values.
+
+Two line shapes that ``key: value`` parsing cannot read (stdlib only; used by ``readers_text``):
+
+* a column table: one header line of names, then one row of bare values per epoch (or per bar
+  refresh). YOLOv5/v7 and ultralytics print ``Epoch GPU_mem box_loss cls_loss ... Size`` over
+  ``1/100  3.2G  0.05 ...  640: 100%|###| 4/4 [...]``; fastai prints ``epoch train_loss
+  valid_loss error_rate time`` over ``0  0.52  0.41  0.12  00:05``; a printed pandas frame adds
+  an index column. A row is read by position against the last header, and only while it has
+  exactly the header's columns (an interleaved validation row ``all 200 449 0.8 ...`` is not one).
+* a trainer's own abort on a non-finite loss (torchvision's reference scripts: ``Loss is inf,
+  stopping training``; detectron2: ``Loss became infinite or NaN at iteration=166!``): the last
+  word of a run, logged once, after which no loss point follows. It is recorded as a point of
+  the ``nonfinite_abort`` series, which ``rules.nonfinite_loss`` reads as a STOP.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import List, Optional, Tuple
+
+from orchestrator.quality.series import SYNONYMS, role_of
+from orchestrator.quality.steps import TQDM_STEP, epoch_step
+
+_COL = re.compile(r"[A-Za-z_][\w()/.\-@]*\Z")
+_STEP_COLS = frozenset({"epoch", "step", "iter", "iteration"})
+# YOLOv5/v7 name their loss columns by the head alone ("box obj cls total"); the GPU_mem column
+# says the table is theirs, so only then are these names read as losses
+_YOLO = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss", "giou": "giou_loss",
+         "dfl": "dfl_loss", "seg": "seg_loss"}
+_NOT_METRIC = frozenset({"gpu_mem", "instances", "labels", "size", "img_size", "time", "targets"})
+_E_OF_N = re.compile(r"(\d+)/(\d+)\Z")
+_LOSS_ROLES = ("loss", "val_loss", "eval_loss")
+# a header line anywhere in a chunk: the ordered scan (``linescan``) reads bars as bars, so a
+# chunk with a table in it is read line by line
+TABLE_HEAD = re.compile(r"(?m)^[ \t]*(?:[Ee]poch|[Ss]tep|[Ii]ter)(?:[ \t]+[A-Za-z_][\w()/.\-@]*){3,}[ \t]*\r?$")
+
+ABORT_SERIES = "nonfinite_abort"
+ABORT = re.compile(r"\bloss (?:is|became|was) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?)\b",
+                   re.IGNORECASE)
+_AT_ITER = re.compile(r"\biter(?:ation)?\s*[=:]\s*(\d+)")
+
+
+class Table:
+    """The last column header seen, and how its rows map to steps."""
+
+    __slots__ = ("names", "base0", "last")
+
+    def __init__(self, names: List[str]):
+        self.names = names
+        self.base0 = False  # an epoch 0 was seen: epochs count from 0 (fastai, pandas)
+        self.last: Optional[Tuple[float, tuple]] = None
+
+    def row(self, line: str) -> Optional[Tuple[float, List[Tuple[str, float]], Optional[float]]]:
+        """(step, [(series, value)], planned steps) of a row of this table, None for any other
+        line or for a repaint of the row just read (a bar refreshed with the same values)."""
+        bar = None
+        text = line
+        i = line.find("%|")
+        if i >= 0:
+            m = TQDM_STEP.search(line, i)
+            bar = (int(m.group(1)), int(m.group(2))) if m else None
+            j = line.rfind(":", 0, i)  # "... 640: 100%|": the row ends at the bar's colon
+            if j < 0:
+                return None
+            text = line[:j]
+        toks = text.split()
+        n = len(self.names)
+        if len(toks) == n + 1 and toks[0].isdigit():
+            toks = toks[1:]  # a pandas frame's index column
+        if len(toks) != n:
+            return None
+        m = _E_OF_N.match(toks[0])
+        if m:
+            e, of = int(m.group(1)), int(m.group(2))
+        elif toks[0].isdigit():
+            e, of = int(toks[0]), 0
+        else:
+            return None
+        vals: List[Tuple[str, float]] = []
+        for name, tok in zip(self.names[1:], toks[1:]):
+            if name in _NOT_METRIC:
+                continue
+            try:
+                v = float(tok)
+            except ValueError:
+                continue  # "17.2G", "00:05": not a number of any series
+            vals.append((name, v))
+        if not vals:
+            return None
+        if e == 0:
+            self.base0 = True
+        if bar is not None:
+            step = epoch_step(e + 1 if self.base0 else e, bar[0], bar[1])
+            planned = float(of * bar[1]) if of else None
+        else:
+            step, planned = float(e), (float(of) if of else None)
+        key = (step, tuple(vals))
+        if key == self.last:
+            return None
+        self.last = key
+        return step, vals, planned
+
+
+def table_head(line: str) -> Optional[Table]:
+    """A ``Table`` for a header line (4+ distinct names, the first a step or epoch column, one
+    of them a loss), else None."""
+    toks = line.split()
+    if len(toks) < 4 or toks[0].lower() not in _STEP_COLS or len(set(toks)) != len(toks):
+        return None
+    if not all(_COL.match(t) for t in toks):
+        return None
+    low = [t.lower() for t in toks]
+    if "gpu_mem" in low:
+        low = [_YOLO.get(t, t) for t in low]
+    names = [SYNONYMS.get(t, t) for t in low]
+    if not any((role_of(t) or ("",))[0] in _LOSS_ROLES for t in names[1:] if t not in _NOT_METRIC):
+        return None
+    return Table(names)
+
+
+def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
+    """(step or None, [(ABORT_SERIES, value)]) for a trainer's abort on a non-finite loss."""
+    m = ABORT.search(line)
+    if m is None:
+        return None
+    it = _AT_ITER.search(line)
+    v = math.inf if "inf" in m.group(1).lower() and "nan" not in m.group(1).lower() else math.nan
+    return (float(it.group(1)) if it else None), [(ABORT_SERIES, v)]

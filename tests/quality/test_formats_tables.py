@@ -1,0 +1,139 @@
+"""Console shapes read since the dev corpus grew to real YOLO, fastai, torchvision and tqdm logs
+(issue 11, item 5): column tables (a header line, then rows of bare values), a trainer's own
+abort on a non-finite loss, ``Epoch: [E]  [B/N]`` and ``Epoch E: ...%|`` steps, multi-word loss
+names; and the level rule on a per-step loss spread over decades that dips and comes back.
+Real files in tmp, read by the real Tracker (both the per-line loop and the chunk paths)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from orchestrator.quality.judge import judge
+from orchestrator.quality.series import Run
+from orchestrator.quality.sources import Tracker
+
+BAR = "\u2588"
+YOLO8 = "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+YOLO7 = "     Epoch   gpu_mem       box       obj       cls     total    labels  img_size\n"
+
+
+def _read(path) -> Run:
+    tr = Tracker([str(path)])
+    run = tr.update()
+    assert not tr.problems, tr.problems
+    return run
+
+
+def _yolo8_row(e: int, n: int, b: int, per: int, v: str) -> str:
+    pct = 100 * b // per
+    return ("%11s      3.21G %10s %10s %10s         55        640: %3d%%|%-10s| %d/%d [00:10<00:01, 3.1it/s]\n"
+            % ("%d/%d" % (e, n), v, v, v, pct, BAR * (pct // 10), b, per))
+
+
+def test_ultralytics_table_rows_are_read_by_column_at_a_global_step(tmp_path):
+    p = tmp_path / "train.log"
+    with open(p, "w") as f:
+        for e in range(1, 41):  # > 4 KiB: the chunk paths see it too
+            f.write("\n" + YOLO8)
+            for b in (2, 4):
+                f.write(_yolo8_row(e, 100, b, 4, "%.4f" % (2.0 / (1 + e / 10))))
+            f.write("                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95): "
+                    "100%%|%s| 1/1 [00:01<00:00]\n                   all        200        449      0.5      0.4"
+                    "      0.3      0.2\n" % (BAR * 10))
+    run = _read(p)
+    box = run.series["box_loss"]
+    assert list(box.steps[:4]) == [2.0, 4.0, 6.0, 8.0] and box.steps[-1] == 160.0  # (epoch - 1) * 4 + batch
+    assert not [k for k in run.series if k in ("instances", "size", "all")]
+    assert run.main_loss() is not None and judge(run, {})["verdict"] != "STOP"
+    with open(p, "a") as f:
+        f.write(YOLO8 + _yolo8_row(41, 100, 4, 4, "nan") + YOLO8 + _yolo8_row(42, 100, 4, 4, "nan"))
+    v = judge(_read(p), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "nonfinite_loss"
+
+
+def test_yolov7_columns_named_by_their_head_and_a_repainted_row(tmp_path):
+    p = tmp_path / "train.log"
+    row = "    %d/299     65.1G       %s    0.0151         0       %s      1963       320: %s"
+    p.write_text(YOLO7 + row % (42, "nan", "nan", "100%%|%s| 729/729 [51:09<00:00,  4.21s/it]\n" % (BAR * 10))
+                 + "\n" + YOLO7 + (row % (43, "nan", "nan", " 77%%|%s| 561/729 [38:59<11:27]" % (BAR * 7))) * 2 + "\n")
+    run = _read(p)
+    assert sorted(k for k in run.series) == ["box_loss", "cls_loss", "loss", "obj_loss"]  # "total" is the loss
+    assert len(run.series["loss"]) == 2 and math.isnan(run.series["loss"].values[-1])
+    assert judge(run, {})["verdict"] == "STOP"
+
+
+def test_fastai_and_pandas_tables_of_bare_numbers(tmp_path):
+    p = tmp_path / "fit.log"
+    rows = "".join("%-9d %.6f    %.6f    %.4f      00:%02d\n" % (e, 1.0 / (e + 1), 1.2 / (e + 1), 0.3, e % 60)
+                   for e in range(200))
+    p.write_text("epoch     train_loss  valid_loss  error_rate  time\n" + rows)
+    run = _read(p)
+    assert len(run.series["loss"]) == 200 and run.series["loss"].steps[-1] == 199.0
+    assert run.series["val_loss"].values[0] == 1.2 and "time" not in run.series
+    q = tmp_path / "frame.txt"
+    q.write_text("   epoch  train_loss  val_loss  lr\n0      1    0.50    0.60  0.001\n1      2    0.40    0.55  0.001\n")
+    run = _read(q)
+    assert list(run.series["loss"].steps) == [1.0, 2.0] and list(run.series["val_loss"].values) == [0.6, 0.55]
+
+
+def test_a_trainer_abort_on_a_nonfinite_loss_is_a_stop(tmp_path):
+    line = ("Epoch: [0]  [%2d/60]  eta: 0:00:57  lr: 0.003745  loss: %.4f (2.9495)  loss_classifier: 0.6830 "
+            "(0.6673)  time: 1.1451  data: 0.0551  max mem: 3014\n")
+    p = tmp_path / "tv.log"
+    p.write_text("".join(line % (b, 3.0 - b / 30) for b in (0, 10, 20)))
+    run = _read(p)
+    assert list(run.get("loss").steps) == [0.0, 10.0, 20.0]  # "Epoch: [E]  [B/N]", epochs from 0
+    assert judge(run, {})["verdict"] == "WAIT"
+    with open(p, "a") as f:
+        f.write("Loss is inf, stopping training\n{'loss_classifier': tensor(6.5823e+33, device='cuda:0')}\n")
+    v = judge(_read(p), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["trainer_stopped"] is True
+    d2 = tmp_path / "d2.log"
+    d2.write_text("[11/01 20:14:15 d2.utils.events]: eta: 5:41:49  iter: 379  total_loss: 1.707  lr: 0.003\n"
+                  "FloatingPointError: Loss became infinite or NaN at iteration=388!\n")
+    v = judge(_read(d2), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["step"] == 388
+    # a later loss point: the message was not the run's last word (a supervisor restarted it)
+    with open(d2, "a") as f:
+        f.write("[11/01 20:20:15 d2.utils.events]: eta: 5:41:49  iter: 399  total_loss: 1.701  lr: 0.003\n")
+    assert judge(_read(d2), {})["verdict"] != "STOP"
+
+
+def test_epoch_named_bars_and_multiword_losses(tmp_path):
+    p = tmp_path / "radar.log"
+    with open(p, "w") as f:
+        for e in (8, 9):
+            f.write("Epoch %d: 100%%|%s| 266/266 [00:42<00:00,  6.22it/s, loss=%.3g]\n" % (e, BAR * 40, 2e4 * e)
+                    + "Mean Training loss : nan\nmean MSE : 778027.0 mean focal : 2242658.0 mean center loss : "
+                    "2638.17 mean orent loss : 19.77\n")
+    run = _read(p)
+    assert list(run.series["loss"].steps) == [7 * 266 + 266.0, 8 * 266 + 266.0]
+    assert {"mean_training_loss", "mean_center_loss", "mean_orent_loss"} <= set(run.series)
+    assert list(run.series["mean_center_loss"].values) == [2638.17, 2638.17]  # never the train loss
+    v = judge(run, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["series"] == "mean_training_loss"
+
+
+def test_a_dip_back_to_the_plateau_of_a_loss_spread_over_decades_is_no_level_shift():
+    rng = random.Random(3)
+
+    def run_of(vals):
+        r = Run("mem")
+        for i, v in enumerate(vals):
+            r.add_record((i + 1) * 10, [("loss", v)])
+        return r
+    head = [0.7 * (1 + i / 3) ** -1.2 for i in range(12)]
+    plateau = [0.1 * math.exp(rng.gauss(0, 1.1)) for _ in range(90)]  # 1e-3..1 per log
+    dip = [0.002 * math.exp(rng.gauss(0, 0.6)) for _ in range(10)]
+    back = [0.1 * math.exp(rng.gauss(0, 1.1)) for _ in range(20)]
+    up = [1.0 * math.exp(rng.gauss(0, 0.3)) for _ in range(30)]
+    n = len(head + plateau + dip)
+    came_back, went_up = run_of(head + plateau + dip + back), run_of(head + plateau + dip + up)
+    # every check after the dip, as the agent sees the file grow (a tiny-loss CodeBERT fine-tune
+    # in the dev corpus: 0.1 for 500 steps, 0.002 for 90, back to 0.1, its eval still improving)
+    seen = [judge(came_back.upto(k * 10), {}) for k in range(n, n + 21)]
+    assert "S" not in "".join(v["verdict"][0] for v in seen)
+    assert any(f["evidence"].get("back_to_plateau") for v in seen for f in v["findings"])  # the dip was seen
+    # the same dip followed by a level 10x above the plateau is a shift that stands
+    assert judge(went_up, {})["verdict"] == "STOP"

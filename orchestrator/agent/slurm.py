@@ -35,19 +35,23 @@ ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING",
                      "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING"})
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+ARRAY_MIN = 16    # this many jobs with the same sbatch options go in as one --array
+ARRAY_MAX = 1000  # tasks per array (Slurm's MaxArraySize is 1001 by default)
+_PER_JOB = ("--job-name=", "--output=", "--chdir=")  # the options an array sets for all its tasks
 
 
 def is_slurm(config: Dict[str, Any]) -> bool:
     return (config or {}).get("scheduler") == "slurm"
 
 
-def write_json(path: str, obj: Any) -> None:
+def write_json(path: str, obj: Any, sync: bool = True) -> None:
     """Whole or absent: a temp file, fsync, rename (a reader on another node sees one or the other)."""
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -115,14 +119,22 @@ def sbatch_options(job: Dict[str, Any], config: Dict[str, Any], line_opts: Dict[
     return opts
 
 
-def batch_script(options: List[str], python: str, agent: str, state_dir: str, job_id: str) -> str:
+def batch_script(options: List[str], python: str, agent: str, state_dir: str, ids: List[str]) -> str:
     """A POSIX sh batch script whose one command is gpurun's wrapper (``slurmjob``): the user's
-    command is in spec.json, never pasted into the script."""
+    command is in spec.json, never pasted into the script. Several ``ids``: an array, task i
+    runs ``ids[i]``."""
     import shlex
     lines = ["#!/bin/sh"] + ["#SBATCH %s" % o for o in options]
-    lines.append("# written by gpurun: the wrapper runs the job's command (runs/%s/spec.json)" % job_id)
-    lines.append("exec %s" % " ".join(shlex.quote(a) for a in (python, agent, "slurmjob", "--state-dir", state_dir,
-                                                               "--job", job_id)))
+    lines.append("# written by gpurun: the wrapper runs the job's command (runs/<id>/spec.json)")
+    ref = shlex.quote(ids[0])
+    if len(ids) > 1:
+        lines.append('case "$SLURM_ARRAY_TASK_ID" in')
+        lines.extend("%d) J=%s ;;" % (i, shlex.quote(jid)) for i, jid in enumerate(ids))
+        lines.append('*) echo "gpurun: no job for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;')
+        lines.append("esac")
+        ref = '"$J"'
+    lines.append("exec %s --job %s" % (" ".join(shlex.quote(a) for a in (python, agent, "slurmjob", "--state-dir",
+                                                                          state_dir)), ref))
     return "\n".join(lines) + "\n"
 
 
@@ -160,11 +172,13 @@ def sbatch(script: str) -> str:
 
 def submit_pending(ctx: Any, only: Optional[Iterable[str]] = None) -> List[str]:
     """sbatch every queued row without a Slurm job id (``only``: these ids); returns the
-    ids submitted. The first sbatch failure is raised after the jobs before it kept theirs."""
+    ids submitted. Jobs with the same sbatch options go in as one ``--array`` when there are
+    ``ARRAY_MIN`` of them (one sbatch for a 1,000-job sweep). An sbatch failure is raised after
+    the jobs before it kept their ids."""
     store, config = ctx.store, ctx.config
     wanted = set(only) if only is not None else None
     python, agent = agent_argv()
-    done: List[str] = []
+    groups: Dict[tuple, List[Tuple[Dict[str, Any], List[str]]]] = {}
     for job in store.jobs([S.QUEUED]):
         if job.get("backend_id") or (wanted is not None and job["id"] not in wanted):
             continue
@@ -177,17 +191,54 @@ def submit_pending(ctx: Any, only: Optional[Iterable[str]] = None) -> List[str]:
         os.makedirs(job["run_dir"], exist_ok=True)
         spec_file = os.path.join(job["run_dir"], SPEC)
         line_opts = (read_json(spec_file) or {}).get("slurm") or {}
-        write_json(spec_file, job_spec(job, config, line_opts))
-        script = os.path.join(job["run_dir"], SCRIPT)
-        with open(script, "w") as f:
-            f.write(batch_script(sbatch_options(job, config, line_opts), python, agent, ctx.state_dir, job["id"]))
-        bid = sbatch(script)
-        if store.update_fields(job["id"], [S.QUEUED], backend_id=bid, force_resume=0):
-            store.add_event(job["id"], "slurm", "info", "submitted as Slurm job %s" % bid, {"backend_id": bid})
-            done.append(job["id"])
-        else:  # cancelled (or moved) while sbatch ran: the Slurm job must not run
-            cancel([bid])
+        # no fsync: sbatch comes after the close, and a shared filesystem shows a closed file to
+        # every node (close-to-open); a login node that crashed before sbatch leaves the row queued
+        write_json(spec_file, job_spec(job, config, line_opts), sync=False)
+        opts = sbatch_options(job, config, line_opts)
+        groups.setdefault(tuple(o for o in opts if not o.startswith(_PER_JOB)), []).append((job, opts))
+    done: List[str] = []
+    for key, members in groups.items():
+        while len(members) >= ARRAY_MIN:
+            chunk, members = members[:ARRAY_MAX], members[ARRAY_MAX:]
+            done += _submit_array(ctx, list(key), [j for j, _ in chunk], python, agent)
+        for job, opts in members:
+            script = os.path.join(job["run_dir"], SCRIPT)
+            with open(script, "w") as f:
+                f.write(batch_script(opts, python, agent, ctx.state_dir, [job["id"]]))
+            if _record(ctx, job, sbatch(script)):
+                done.append(job["id"])
     return done
+
+
+def _submit_array(ctx: Any, common: List[str], jobs: List[Dict[str, Any]], python: str, agent: str) -> List[str]:
+    """One ``sbatch --array=0-(n-1)`` for ``jobs``; task i runs ``jobs[i]`` (backend id ``A_i``)."""
+    runs = os.path.join(ctx.state_dir, "runs")
+    name = _NAME_BAD.sub("_", str(jobs[0].get("name") or jobs[0]["id"]))[:50]
+    opts = ["--job-name=gpurun-%s+%d" % (name, len(jobs) - 1), "--output=%s" % os.path.join(runs, "slurm-%A_%a.out"),
+            "--chdir=%s" % runs, "--array=0-%d" % (len(jobs) - 1)] + common
+    script = os.path.join(runs, "array-%s-%d.sbatch" % (jobs[0]["id"], int(time.time() * 1000)))
+    with open(script, "w") as f:
+        f.write(batch_script(opts, python, agent, ctx.state_dir, [j["id"] for j in jobs]))
+    aid = sbatch(script)
+    return [j["id"] for i, j in enumerate(jobs) if _record(ctx, j, "%s_%d" % (aid, i))]
+
+
+def _record(ctx: Any, job: Dict[str, Any], bid: str) -> bool:
+    """Keep the Slurm id on the row (compare-and-set on queued); a row cancelled or moved
+    while sbatch ran gets its Slurm job cancelled instead: it must not run."""
+    if ctx.store.update_fields(job["id"], [S.QUEUED], backend_id=bid, force_resume=0):
+        ctx.store.add_event(job["id"], "slurm", "info", "submitted as Slurm job %s" % bid, {"backend_id": bid})
+        return True
+    cancel([bid])
+    return False
+
+
+def output_file(job: Dict[str, Any]) -> str:
+    """Slurm's own output file of the job's current Slurm job (``--output``)."""
+    bid = str(job.get("backend_id") or "")
+    if "_" in bid:  # an array task: beside the run dirs
+        return os.path.join(os.path.dirname(job["run_dir"]), "slurm-%s.out" % bid)
+    return os.path.join(job["run_dir"], "slurm-%s.out" % bid)
 
 
 def prepare(ctx: Any, job: Dict[str, Any]) -> bool:
@@ -262,9 +313,9 @@ def parse_squeue(text: str) -> Dict[str, Tuple[str, str]]:
 
 
 def squeue() -> Dict[str, Tuple[str, str]]:
-    """Every job of this user that the controller still holds, ended ones included (``-t all``):
-    one call, whatever the number of jobs. Raises a ``scheduler`` error when squeue fails."""
-    rc, out, err = run(["squeue", "-h", "-t", "all", "-u", user(), "-o", "%i|%T|%r"])
+    """Every job of this user that the controller still holds, ended ones included (``-t all``),
+    array tasks one per line as ``A_T`` (``-r``): one call, whatever the number of jobs. Raises a ``scheduler`` error when squeue fails."""
+    rc, out, err = run(["squeue", "-h", "-r", "-t", "all", "-u", user(), "-o", "%i|%T|%r"])
     if rc != 0:
         raise VerbError("squeue failed: %s" % (err.strip() or "exit %d" % rc)[:600], SCHEDULER,
                         "is slurmctld reachable from this login node? (`sinfo`)")

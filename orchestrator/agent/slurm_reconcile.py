@@ -180,7 +180,7 @@ def _new_attempt(ctx: Any, job: Dict[str, Any], n: int, have: set) -> Optional[D
 def _ended_unstarted(ctx: Any, job: Dict[str, Any], state: str) -> None:
     """Slurm ended a job whose wrapper never started: scancel'd while pending, or a start error."""
     store, jid, bid = ctx.store, job["id"], job["backend_id"]
-    out = os.path.join(job["run_dir"], "slurm-%s.out" % bid)
+    out = slurm.output_file(job)
     if state == "CANCELLED" or job.get("cancel_requested"):
         store.transition(jid, [S.QUEUED], S.CANCELLED, ended_at=time.time(), stop_cause="user",
                          reason="cancelled by user" if job.get("cancel_requested") else "cancelled in Slurm (scancel)")
@@ -192,8 +192,7 @@ def _ended_unstarted(ctx: Any, job: Dict[str, Any], state: str) -> None:
 
 def _forgotten(ctx: Any, job: Dict[str, Any]) -> None:
     store, jid, bid = ctx.store, job["id"], job["backend_id"]
-    why = "Slurm no longer knows job %s and it left no exit file (see %s)" % (
-        bid, os.path.join(job["run_dir"], "slurm-%s.out" % bid))
+    why = "Slurm no longer knows job %s and it left no exit file (see %s)" % (bid, slurm.output_file(job))
     if store.transition(jid, [job["state"]], S.FAILED, ended_at=time.time(), reason=why, pid=None):
         store.add_event(jid, "failed", "error", "job %s failed: %s" % (job["name"], why))
 

@@ -100,7 +100,9 @@ class Wrapper:
 
     def run(self) -> int:
         os.makedirs(self.run_dir, exist_ok=True)
-        bid = os.environ.get("SLURM_JOB_ID", "")
+        env = os.environ
+        bid = "%s_%s" % (env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) if env.get("SLURM_ARRAY_TASK_ID") \
+            else env.get("SLURM_JOB_ID", "")  # as squeue -r names it: the row's backend_id
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         write_json(self.path("started"), {"node": node, "pid": os.getpid(), "slurm_job_id": bid,
                                           "time": self.job["started_at"], "restart_count": self.restart,

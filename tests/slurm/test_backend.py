@@ -195,3 +195,30 @@ def test_submit_wait_gets_each_jobs_last_word(slurm_ssh_host: dict, tmp_path: Pa
     assert (final["m"]["state"], final["f"]["state"], final["f"]["exit_code"]) == ("succeeded", "failed", 4)
     assert final["m"]["quality"]["final"] is True and final["m"]["quality"]["verdict"] == "CONTINUE", final["m"]
     assert time.monotonic() - started < 120  # judged by the verbs, not after the 60 s grace
+
+
+def test_a_big_queue_goes_in_as_one_array(slurm_ssh_host: dict, sshd: SshdRig, slurm_cluster: SlurmRig,
+                                          tmp_path: Path) -> None:
+    """20 jobs with the same sbatch options: one ``sbatch --array``; each task runs its own job
+    (ids ``A_0`` .. ``A_19``), is reconciled through ``squeue -r`` and can be cancelled alone."""
+    n = 20
+    q = tmp_path / "q.txt"
+    q.write_text("".join("[name=t%02d gpus=0] echo task-%d\n" % (i, i) for i in range(n - 1))
+                 + "[name=t19 gpus=0] sleep 300\n")
+    assert gpurun("queue", "submit", str(q), "--host", "cluster").returncode == 0
+    first = jobs()
+    arrays = {j["backend_id"].split("_")[0] for j in first.values()}
+    assert len(arrays) == 1, arrays  # one sbatch
+    assert sorted(int(j["backend_id"].split("_")[1]) for j in first.values()) == list(range(n))
+    res = gpurun("queue", "cancel", "t19", "--host", "cluster")
+    assert res.returncode == 0, res.stderr
+    final = wait_for("all terminal", lambda: (lambda js: js if all(
+        j["state"] not in ("queued", "running") for j in js.values()) else None)(jobs()), 240, every=1.0)
+    assert final["t19"]["state"] == "cancelled"
+    for i in range(n - 1):
+        j = final["t%02d" % i]
+        assert (j["state"], j["exit_code"]) == ("succeeded", 0), j
+        res = gpurun("queue", "logs", j["name"], "--host", "cluster")
+        assert "task-%d\n" % i in res.stdout, res.stdout
+        started = json.loads((Path(slurm_ssh_host["state_dir"]) / "runs" / j["id"] / "started.1").read_text())
+        assert started["slurm_job_id"] == j["backend_id"]

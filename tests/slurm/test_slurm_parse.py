@@ -54,12 +54,27 @@ def test_batch_script_carries_options_and_only_the_wrapper(tmp_path: Path) -> No
     assert "--partition=debug" in opts and "--account=lab42" in opts and "--qos=short" in opts  # the line wins
     assert "--requeue" in opts and "--mem=32G" in opts
     assert "--output=%s/slurm-%%j.out" % job["run_dir"] in opts
-    text = slurm.batch_script(opts, "/usr/bin/python3", "/st/bin/agent-x/__main__.py", "/st dir", "abc123")
+    text = slurm.batch_script(opts, "/usr/bin/python3", "/st/bin/agent-x/__main__.py", "/st dir", ["abc123"])
     lines = text.splitlines()
     assert lines[0] == "#!/bin/sh" and all(ln.startswith("#SBATCH ") for ln in lines[1:len(opts) + 1])
     assert shlex.split(lines[-1]) == ["exec", "/usr/bin/python3", "/st/bin/agent-x/__main__.py", "slurmjob",
                                       "--state-dir", "/st dir", "--job", "abc123"]
     assert "python train.py" not in text  # the command lives in spec.json, never in the script
+
+
+def test_an_array_script_runs_task_i_as_job_i(tmp_path: Path) -> None:
+    import subprocess
+
+    text = slurm.batch_script(["--array=0-2"], "echo", "agent", "/st", ["j0", "j1", "j'2"])
+    script = tmp_path / "a.sbatch"
+    script.write_text(text)
+    for i, want in enumerate(["j0", "j1", "j'2"]):
+        out = subprocess.run(["sh", str(script)], env={"SLURM_ARRAY_TASK_ID": str(i), "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True)
+        assert out.stdout.split() == ["agent", "slurmjob", "--state-dir", "/st", "--job", want]
+    bad = subprocess.run(["sh", str(script)], env={"SLURM_ARRAY_TASK_ID": "7", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no job for array task 7" in bad.stderr
 
 
 def test_time_limit_from_timeout_else_the_profile_default(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ there before. Tests must therefore find their own jobs by id, never assume an em
 Settings worth knowing (``rigs/slurm_files.py`` writes them): ``MinJobAge=30`` (a finished job leaves ``squeue``
 after its state is final but ``scontrol show job ID`` still answers for ~30 s, like a real
 cluster; accounting is off, so ``sacct`` has nothing), ``KillWait=5`` (scancel / time limit:
-SIGTERM, SIGKILL 5 s later; real clusters use 30), ``sched/backfill`` defaults. A requeued job
+SIGTERM, SIGKILL 5 s later; real clusters use 30), ``sched/backfill`` with
+``batch_sched_delay=0`` (job-to-job gap ~0.5 s instead of Slurm's 3 s cycle). A requeued job
 (``scontrol requeue``) is held back ~120 s by Slurm itself; ``start_now(id)`` lifts that.
 
 ``python tests/rigs/slurm.py up|down|status`` starts or stops the rig by hand (as root).
@@ -40,7 +41,7 @@ from typing import Iterator
 
 from rigs.slurm_files import (ETC, GPUS, GRES_CONF, KILL_WAIT, MIN_JOB_AGE,  # noqa: F401 (re-exported)
                                PARTITION, SLURM_CONF, alive, atomic_write, fake_gpu, free_port,
-                               is_ours, pids_named, render_conf, render_gres, wait_gone)
+                               is_ours, render_conf, render_gres, wait_gone)
 
 ROOT = Path("/var/tmp/gpurun-slurm-rig")  # shared by all rig users on the machine; mode 755
 
@@ -114,7 +115,10 @@ class SlurmRig:
             raise RuntimeError(why)
         with self._locked():
             holders = [p for p in self.state.get("holders", []) if alive(p)]
-            if not self._healthy():
+            running = self._running()
+            # a changed conf (a newer rig) restarts the cluster only when no one else uses it:
+            # a restart would kill the jobs of a test session running beside this one
+            if not running or (not holders and not self._conf_current()):
                 self._stop_daemons()
                 self._start_fresh(timeout)
             self.state["holders"] = holders + [os.getpid()]
@@ -133,18 +137,19 @@ class SlurmRig:
             if not holders:
                 self._stop_daemons()
 
-    def _healthy(self) -> bool:
+    def _running(self) -> bool:
         st = self.state
         if not st.get("ctld_port") or not all(alive(st.get(k)) for k in ("munged", "slurmctld", "slurmd")):
             return False
-        want = render_conf(self.node, self.root, st["ctld_port"], st["slurmd_port"],
-                           self.munge_socket)
+        return self.node_state() in ("idle", "mix", "alloc", "comp")
+
+    def _conf_current(self) -> bool:
+        st = self.state
+        want = render_conf(self.node, self.root, st["ctld_port"], st["slurmd_port"], self.munge_socket)
         try:
-            if SLURM_CONF.read_text() != want or GRES_CONF.read_text() != render_gres(self.node, self.root):
-                return False
+            return SLURM_CONF.read_text() == want and GRES_CONF.read_text() == render_gres(self.node, self.root)
         except OSError:
             return False
-        return self.node_state() in ("idle", "mix", "alloc", "comp")
 
     def _start_fresh(self, timeout: float) -> None:
         r = self.root
@@ -230,9 +235,18 @@ class SlurmRig:
         return proc.pid
 
     def _stop_daemons(self) -> None:
-        """Stop slurmd, slurmctld and munged (those the state file names), kill the job steps
-        slurmd left behind, restore the machine's own slurm.conf / gres.conf."""
+        """Cancel the cluster's jobs, stop slurmd, slurmctld and munged (those the state file
+        names), restore the machine's own slurm.conf / gres.conf."""
         st = self.state
+        if alive(st.get("slurmctld")):
+            # the job steps outlive slurmd: end them through Slurm (SIGTERM, SIGKILL after KillWait)
+            ids = self.run("squeue", "-h", "-o", "%A", timeout=10, check=False).stdout.split()
+            if ids:
+                self.run("scancel", *ids, timeout=30, check=False)
+                deadline = time.monotonic() + KILL_WAIT + 10
+                while time.monotonic() < deadline and self.run(
+                        "squeue", "-h", "-t", "running,completing", "-o", "%A", timeout=10, check=False).stdout.strip():
+                    time.sleep(0.2)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = st.pop(name, None)
             # runuser forks munged: the recorded pid is runuser's, munged is in its session
@@ -242,11 +256,6 @@ class SlurmRig:
                 except (ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGTERM)
                 wait_gone(pid, 10)
-        for stepd in pids_named("slurmstepd"):
-            try:
-                os.kill(stepd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for path, text in (st.pop("backups", None) or {}).items():
             p = Path(path)
             if text is None:

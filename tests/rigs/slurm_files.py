@@ -66,6 +66,10 @@ def render_conf(node: str, r: Path, ctld_port: int, slurmd_port: int, munge_sock
         f"KillWait={KILL_WAIT}",
         "InactiveLimit=0",
         "SchedulerType=sched/backfill",
+        # schedule at each submit and job end instead of a 3 s cycle: the job-to-job gap goes
+        # from 2.5 s to 0.5 s (tests wait less; a bench sees the wrapper's own cost), sbatch
+        # costs ~1.5 ms more per job
+        "SchedulerParameters=batch_sched_delay=0",
         "GresTypes=gpu",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 "
         f"Gres=gpu:{GPUS} State=UNKNOWN",
@@ -147,19 +151,6 @@ def wait_gone(pid: int, timeout: float) -> None:
                 pass
             deadline, killed = deadline + 5, True
         time.sleep(0.05)
-
-
-def pids_named(comm: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as fh:
-                    if fh.read().strip() == comm:
-                        out.append(int(entry))
-            except OSError:
-                pass
-    return out
 
 
 def conf_digest() -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli.fleet import fleet_option
-from orchestrator.cli.options import host_option
+from orchestrator.cli.options import host_option, seconds
 from orchestrator.cli.render import emit_json
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @fleet_option("Balance fleet NAME (`gpurun fleet ls`).")
 @host_option("A host of an ad-hoc fleet (repeat: --host A --host B).", multiple=True)
 @click.option("--dry-run", is_flag=True, help="Say which jobs would move; move nothing.")
-@click.option("--lost-after", "lost_after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--lost-after", "lost_after", type=seconds(min=0), default=None, metavar="SECONDS",
               help="A host that has not answered for this long is lost and its queue moves to the others "
                    "(default 120).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

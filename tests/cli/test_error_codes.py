@@ -288,7 +288,7 @@ def test_readme_exit_code_table_has_every_exit_code():
     (["queue", "status", "--bogus"], "gpurun: error: No such option '--bogus'. Did you mean '--host'?",
      "see `gpurun queue status --help`"),
     (["queue", "submit"], "gpurun: error: Missing argument 'FILE'.", "see `gpurun queue submit --help`"),
-    (["queue", "cancle", "x"], "gpurun: error: No such command 'cancle'. Did you mean 'cancel'?",
+    (["queue", "cancle", "x"], "gpurun: error: No such command 'cancle'. (Did you mean one of: 'balance', 'cancel'?)",
      "see `gpurun queue --help`"),
     (["watch", "--intervall", "2"], "gpurun: error: No such option '--intervall'. Did you mean '--interval'?",
      "see `gpurun watch --help`"),

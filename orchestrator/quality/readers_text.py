@@ -12,8 +12,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
-from orchestrator.quality.steps import (BAR_EPOCH, EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF, KERAS_BATCH,
-                                        KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, TQDM_STEP, context_line, epoch_step)
+from orchestrator.quality.steps import (BAR_EPOCH, BAR_EPOCH_IN, EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
+                                        KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, TQDM_STEP, context_line,
+                                        epoch_step)
 from orchestrator.quality.tables import TABLE_HEAD, Table, abort_record, table_head
 
 # a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
@@ -350,7 +351,7 @@ class LineSource:
 
     def _slow(self, text: str, run: Run) -> None:
         if (self.parser.user_re is None and len(text) >= 4096 and self.parser.table is None
-                and not TABLE_HEAD.search(text) and not BAR_EPOCH.search(text)):
+                and not TABLE_HEAD.search(text) and not BAR_EPOCH_IN.search(text)):
             if self.scan is None:
                 from orchestrator.quality.linescan import OrderedScan
                 self.scan = OrderedScan(self.parser)

@@ -31,6 +31,7 @@ from orchestrator.agent import failures, slurm
 from orchestrator.agent import states as S
 from orchestrator.agent.protocol import VerbError
 
+SCONTROL_MAX = 16  # `scontrol show job` calls per command for jobs squeue no longer lists
 RECENT_S = 86400.0  # ended rows Slurm may still requeue (it forgets a job after MinJobAge, 300 s by default)
 _FILE = re.compile(r"^(started|exit|gate)\.(\d+)$")
 REQUEUE_REFUSED = "requeue refused by the resume gate"
@@ -68,18 +69,33 @@ def reconcile(ctx: Any, now: Optional[float] = None) -> int:
     except VerbError as exc:  # the store stays as it was; the answer says what it could
         sys.stderr.write("slurm reconcile skipped: %s\n" % exc)
         return 0
-    seen = 0
+    seen, asks = 0, SCONTROL_MAX
     for job in rows:
-        sq = known.get(job["backend_id"])
+        bid = job["backend_id"]
+        # an array's tasks that never started stay one record under the array's own id (squeue
+        # -r lists a cancelled remainder as ``A``, not ``A_T``): its state is theirs
+        sq = known.get(bid) or known.get(bid.split("_")[0] if "_" in bid else "\0")
         if S.is_terminal(job["state"]) and sq is None:
             continue  # ended, and Slurm holds nothing more of it (a requeue needs the job known)
+        state = sq[0] if sq else None
+        if state is None and not S.is_terminal(job["state"]):
+            if asks <= 0:
+                continue  # a burst of forgotten jobs is taken a few per command, not 1,000 scontrols
+            asks -= 1
+            state = slurm.scontrol_job(bid).get("JobState")  # squeue forgot it; the controller may not have
         seen += 1
-        _one(ctx, job, sq[0] if sq else None, now)
-    if seen:
-        from orchestrator.agent import quality_cadence  # the metric readers, only when jobs ended
-        if quality_cadence.finals_pending(ctx.store):
-            quality_cadence.final_pass(ctx, now)
+        _one(ctx, job, state, now)
+    if seen and _finals_pending(ctx.store):
+        from orchestrator.agent import quality_cadence  # the metric readers: only when a job ended
+        quality_cadence.final_pass(ctx, now)
     return seen
+
+
+def _finals_pending(store: Any) -> bool:
+    """``quality_cadence.finals_pending`` without importing the readers: a state event after
+    the final pass's cursor (kv ``quality.final_seen``)."""
+    cur = store.kv_get("quality.final_seen")
+    return store.last_event_id("state") > (int(cur.get("id") or 0) if isinstance(cur, dict) else 0)
 
 
 def withdraw(ctx: Any, job: Dict[str, Any]) -> bool:
@@ -116,8 +132,6 @@ def _read(job: Dict[str, Any], kind: str, n: int) -> Dict[str, Any]:
 
 def _one(ctx: Any, job: Dict[str, Any], state: Optional[str], now: float) -> None:
     store, jid, bid = ctx.store, job["id"], job["backend_id"]
-    if state is None and not S.is_terminal(job["state"]):
-        state = slurm.scontrol_job(bid).get("JobState")  # squeue forgot it; the controller may not have
     import_wrapper_records(ctx, job)
     files = attempt_files(job["run_dir"])
     latest = max(files) if files else 0

@@ -106,3 +106,14 @@ def test_requeue_after_the_end_follows_the_gate(ctx) -> None:
     write(job, "started.3", {"time": time.time() + 1})
     row = step(ctx, "j1", "RUNNING")
     assert (row["state"], row["attempt"]) == (S.RUNNING, 3)
+
+
+def test_finals_pending_reads_the_final_pass_cursor(ctx) -> None:
+    from orchestrator.agent import quality_cadence
+
+    assert not R._finals_pending(ctx.store)
+    add(ctx)
+    ctx.store.transition("j1", [S.QUEUED], S.CANCELLED, ended_at=time.time())
+    assert R._finals_pending(ctx.store) == quality_cadence.finals_pending(ctx.store) is True
+    quality_cadence.final_pass(ctx, time.time())
+    assert R._finals_pending(ctx.store) == quality_cadence.finals_pending(ctx.store) is False

@@ -53,14 +53,14 @@ def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, siz
     start = _start_offset(partial, size)
     h = prefix_hasher(partial, start)
     if start >= size:
-        return Fetched(h.hexdigest(), start, 0, start)  # all here already (or empty): verify it
+        return Fetched(h.hexdigest(), start, 0, start, "ssh-stream")  # all here already (or empty): verify it
     argv = [*ssh_argv, target, remote_command(remote, start)]
     with tempfile.TemporaryFile() as errf:
         group = TransferGroup(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf, bufsize=0)
         proc = group.proc
         rx = _Receiver(partial, start, size, h, on_progress, bwlimit_kbps)
         try:
-            rx.run(proc.stdout.fileno(), time.monotonic() + timeout_s)
+            rx.run(proc.stdout.fileno(), timeout_s)
             if rx.pos < size or not rx.started:
                 try:
                     proc.wait(timeout=30)  # end of stream: ssh is exiting, let it say how
@@ -99,7 +99,9 @@ class _Receiver:
         self.started = False
         self.noise = b""
 
-    def run(self, rfd: int, deadline: float) -> None:
+    def run(self, rfd: int, stall_s: float) -> None:
+        """Until ``size`` bytes are in, the stream ends, or nothing arrived for ``stall_s``
+        (a stall, not the whole file's time: a 500 GB checkpoint may take hours)."""
         try:
             import fcntl
 
@@ -113,6 +115,7 @@ class _Receiver:
         flush = _range_flusher()
         t0 = time.monotonic()
         flushed = reported = self.start
+        deadline = t0 + stall_s
         try:
             wfd = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -121,13 +124,14 @@ class _Receiver:
             while self.pos < self.size:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(f"ssh stream timed out at byte {self.pos}",
+                    raise TransportError(f"ssh stream stalled at byte {self.pos}: nothing for {stall_s:.0f} s",
                                          "run the pull again: it resumes from the bytes already here")
                 if not poller.poll(min(1000, int(left * 1000) + 1)):
                     continue
                 n = os.readv(rfd, [buf])
                 if n == 0:
                     return  # end of stream: the caller reads ssh's exit status
+                deadline = time.monotonic() + stall_s
                 block = view[:n]
                 if not self.started:
                     block = self._after_mark(bytes(block))

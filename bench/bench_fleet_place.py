@@ -9,7 +9,10 @@ blocker on its one slot, so the 1,000 jobs stay queued and nothing runs while th
 timed (a 2-core machine). The command is the cold CLI, timed from exec to exit: it reads the
 file, asks the 4 boxes for their jobs and capacity in parallel, places, and sends 4 submits
 in parallel. For reference, the same 1,000 jobs to one warm box (``--host solo``, a fifth
-user) in the same round, and the CLI's own start (``gpurun --help``). Bytecode is cached (PYTHONPYCACHEPREFIX) as in an installed gpurun.
+user) in the same round, and the CLI's own start (``gpurun --help``). Each round submits two
+queues of 1,000 to the fleet: the first with no GPU count remembered (each box is asked for
+its GPUs: one more round trip), the second with the counts the first one recorded in
+``fleet-state.json`` (kept 10 minutes), so it asks each box only for its jobs. Bytecode is cached (PYTHONPYCACHEPREFIX) as in an installed gpurun.
 
 Needs root (to create the users). Run: python bench/bench_fleet_place.py [--rounds 5] [--jobs 1000].
 Prints one JSON document.
@@ -84,7 +87,7 @@ def main() -> None:
     rig = SshdRig()
     rig.start()
     names = [f"box-{i}" for i in range(len(USERS))]
-    fleet_s, solo_s, start_s, spreads = [], [], [], []
+    fleet_s, cached_s, solo_s, start_s, spreads = [], [], [], [], []
     try:
         rig.trust(paths.data_home() / "known_hosts")
         cli(env, "--help")   # bytecode into the cache before the first timed run
@@ -98,14 +101,16 @@ def main() -> None:
             block.write_text(f"[name=blocker-{tag}] sleep 600\n")
             for name in names + ["solo"]:   # agent up, its one slot held: the bench's jobs stay queued
                 cli(env, "queue", "submit", str(block), "--host", name)
-            q = home / "q1000.txt"
-            q.write_text("".join(f"[name={tag}-{i}] true\n" for i in range(a.jobs)))
             start_s.append(cli(env, "--help")[0])   # the CLI's own start, a floor for the command
-            dt, res = cli(env, "queue", "submit", str(q), "--fleet", "f4", "--json")
-            fleet_s.append(dt)
-            doc = json.loads(res.stdout)
-            spreads.append({h["host"]: len(h["added"]) for h in doc["hosts"]})
-            assert sum(spreads[-1].values()) == a.jobs, spreads[-1]
+            (paths.data_home() / "fleet-state.json").unlink(missing_ok=True)   # no GPU count cached
+            for kind, times in (("first", fleet_s), ("cached", cached_s)):
+                q = home / "q1000.txt"
+                q.write_text("".join(f"[name={tag}-{kind}-{i}] true\n" for i in range(a.jobs)))
+                dt, res = cli(env, "queue", "submit", str(q), "--fleet", "f4", "--json")
+                times.append(dt)
+                doc = json.loads(res.stdout)
+                spreads.append({h["host"]: len(h["added"]) for h in doc["hosts"]})
+                assert sum(spreads[-1].values()) == a.jobs, spreads[-1]
             solo_q = home / "solo.txt"
             solo_q.write_text("".join(f"[name=solo-{tag}-{i}] true\n" for i in range(a.jobs)))
             dt, _ = cli(env, "queue", "submit", str(solo_q), "--host", "solo")
@@ -114,15 +119,26 @@ def main() -> None:
                 cli(env, "queue", "cancel", "--all", "--yes", "--host", name)
                 cli(env, "agent", "stop", "--yes", "--host", name)
         med = statistics.median
+        from orchestrator.core.fleet import Capacity, Load, place
+        jobs = [{"id": f"j{i}", "name": f"j{i}", "gpus": 1, "source": f"q:{i}"} for i in range(a.jobs)]
+        pure = []
+        for _ in range(5):   # the placement alone, pure: what the command spends deciding
+            loads = {n: Load(Capacity(0, 1), used=1) for n in names}
+            t0 = time.perf_counter()
+            place(jobs, loads)
+            pure.append(time.perf_counter() - t0)
         print(json.dumps({
             "command": f"gpurun queue submit q1000.txt --fleet f4   ({a.jobs} jobs, 4 loopback boxes: "
                        "4 unix users on one sshd)",
             "rounds": a.rounds,
-            "fleet_submit_s": [round(x, 3) for x in fleet_s],
-            "fleet_submit_median_s": round(med(fleet_s), 3),
+            "fleet_submit_first_s": [round(x, 3) for x in fleet_s],
+            "fleet_submit_first_median_s": round(med(fleet_s), 3),
+            "fleet_submit_cached_gpus_s": [round(x, 3) for x in cached_s],
+            "fleet_submit_cached_gpus_median_s": round(med(cached_s), 3),
             "one_host_submit_s": [round(x, 3) for x in solo_s],
             "one_host_submit_median_s": round(med(solo_s), 3),
             "cli_start_median_s": round(med(start_s), 3),
+            "place_alone_median_ms": round(med(pure) * 1000, 2),
             "spread": spreads[-1],
             "target_s": 2.0,
         }, indent=2))

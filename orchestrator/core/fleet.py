@@ -109,14 +109,17 @@ class Load:
     used: int = 0
 
 
-def capacity(client: Any) -> Capacity:
+def capacity(client: Any, gpus_seen: Optional[int] = None) -> Capacity:
     """The capacity of ``client``'s host: the host entry's ``gpus`` list when it pins one (the
-    agent's runner uses that too), else the GPUs the agent's probe sees (``gpu`` verb, lost
-    GPUs left out, as the runner counts them); ``slots`` from the entry."""
+    agent's runner uses that too), else ``gpus_seen`` (the count seen lately, which spares a
+    round trip), else the GPUs the agent's probe sees (``gpu`` verb, lost GPUs left out, as
+    the runner counts them); ``slots`` from the entry."""
     host = client.host
     slots = int(host.get("slots") or 1)
     if isinstance(host.get("gpus"), list):
         return Capacity(len(host["gpus"]), slots)
+    if gpus_seen is not None:
+        return Capacity(gpus_seen, slots)
     rep = client.gpu()
     gpus = sum(1 for g in rep.get("gpus") or [] if not g.get("lost")) if rep.get("available") else 0
     return Capacity(gpus, slots)
@@ -242,6 +245,7 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
     if not order:
         return FleetSubmit(fleet, [], notes)
 
+    seen = _gpus_seen([e["name"] for e in entries])
     with ExitStack() as stack:
         clients = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
 
@@ -251,7 +255,7 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
             try:
                 c = clients[name]
                 st = c.status(table=True)["jobs"]
-                return name, (st, capacity(c))
+                return name, (st, capacity(c, seen.get(name)))
             except GpurunError as exc:
                 return name, exc
 
@@ -259,6 +263,7 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
         up = {n: a for n, a in answers.items() if not isinstance(a, GpurunError)}
         if not up:
             raise next(a for _, a in sorted(answers.items()))
+        _remember_gpus({n: a[1].gpus for n, a in up.items() if n not in seen})
         where: dict[str, str] = {}   # job id -> member holding it (a live row wins over a moved one)
         for n, a in sorted(answers.items()):
             if isinstance(a, GpurunError):
@@ -287,6 +292,38 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
     for r in results:
         notes += [f"{r.host}: {w}" for w in r.warnings]
     return FleetSubmit(fleet, results, notes)
+
+
+def _gpus_seen(names: list[str]) -> dict[str, int]:
+    """The GPU counts ``core/fleet_state`` remembers (seen within its ``GPU_TTL_S``), by host.
+    The cache only spares a round trip: a state file that cannot be read is no cache here
+    (the fleet commands that keep its other facts say so)."""
+    import time
+
+    from orchestrator.core import fleet_state as FS
+    try:
+        data, now = FS.load(), time.time()
+    except FleetError:
+        return {}
+    return {n: g for n in names if (g := FS.cached_gpus(data, n, now)) is not None}
+
+
+def _remember_gpus(counts: dict[str, int]) -> None:
+    """Record GPU counts just asked for, under the fleet-state lock (the file also holds a
+    balance's lost moves, which an unlocked write could undo); skipped, not waited for,
+    while another fleet command holds the lock."""
+    if not counts:
+        return
+    import time
+
+    from orchestrator.core import fleet_state as FS
+    try:
+        with FS.locked(timeout_s=0.5):
+            data, now = FS.load(), time.time()
+            data["gpus"].update({n: {"n": g, "at": now} for n, g in counts.items()})
+            FS.save(data)
+    except (FleetError, OSError):
+        pass
 
 
 def wait_fleet(results: list[SubmitResult], *, on_change: Callable[[list[dict]], None] | None = None,

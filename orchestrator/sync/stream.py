@@ -26,8 +26,17 @@ from pathlib import Path
 from typing import Optional
 
 from orchestrator.errors import TransportError
-from orchestrator.sync.transfer import (CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, TransferGroup,
-                                        _range_flusher, _start_offset, prefix_hasher)
+from orchestrator.sync.transfer import (
+    CHUNK,
+    WRITEBACK,
+    Fetched,
+    LocalWriteError,
+    Progress,
+    TransferGroup,
+    _range_flusher,
+    _start_offset,
+    prefix_hasher,
+)
 
 MARK = b"GPURUN-STREAM-5c1e\n"
 MAX_NOISE = 1 << 20       # login noise before the marker; more than this is not a shell's greeting
@@ -37,10 +46,11 @@ _F_SETPIPE_SZ = 1031      # fcntl.F_SETPIPE_SZ (Linux), absent from older fcntl 
 
 
 def remote_command(remote: str, start: int) -> str:
-    """The command the box's shell runs: the marker, then the file from byte ``start``.
+    """The command the box's shell runs: the marker, then the file from byte ``start`` (``;``,
+    not ``&&``: older fish has no ``&&``, and without the marker the caller uses rsync).
     ``--`` and quoting keep a name starting with ``-`` or holding ``$``, quotes, spaces or a
     newline literal; an undecodable name (surrogates) goes out as its original bytes."""
-    return (f"printf '%s\\n' {MARK.decode().strip()} && exec tail -c +{start + 1} -- "
+    return (f"printf '%s\\n' {MARK.decode().strip()}; exec tail -c +{start + 1} -- "
             f"{shlex.quote(remote)}")
 
 
@@ -72,7 +82,7 @@ def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, siz
         errf.seek(0)
         err = errf.read()[-2000:].decode(errors="replace").strip()
     code = proc.returncode
-    if rx.pos == start and (code == 127 or (code == 0 and not rx.started)):
+    if rx.pos == start and (code == 127 or (code != 255 and not rx.started)):
         return None  # no tail there (127), or a shell that did not run our command: rsync
     if not rx.started:
         raise TransportError(f"ssh stream of {remote} failed (exit {code}): {err[-300:]}",

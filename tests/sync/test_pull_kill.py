@@ -177,7 +177,7 @@ def test_kill_9_mid_stream_of_a_large_file_then_the_next_pull_resumes(ssh_host: 
         assert not holders(dest)
         cut = staged.stat().st_size
         assert 0 < cut < 70_000_000 and not (jobdir / "checkpoints" / "model.bin").exists()
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         assert res.returncode == 0, res.stderr
         (row,) = json.loads(res.stdout)["jobs"]
         assert row["verified"] and not row["failed"], row

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pullrig import chown_to
 
 from orchestrator.errors import TransportError
 from orchestrator.sync import engine
@@ -17,7 +18,6 @@ from orchestrator.sync.keep import KeepPolicy
 from orchestrator.sync.state import JobRecord
 from orchestrator.sync.stream import ssh_stream
 from orchestrator.sync.transfer import RsyncFetcher, ssh_argv_for
-from pullrig import chown_to
 
 pytestmark = [pytest.mark.ssh]
 
@@ -79,7 +79,7 @@ def test_a_bad_prefix_is_dropped_and_the_file_fetched_again(ssh_host: dict, tmp_
 
 
 def test_a_vanished_file_fails_that_file_with_the_box_s_words(ssh_host: dict, tmp_path: Path):
-    src, digest = box_file(ssh_host, "gone.bin", 1000)
+    src, _digest = box_file(ssh_host, "gone.bin", 1000)
     src.unlink()
     part = tmp_path / "p" / "gone.bin"
     f = fetcher_for(ssh_host)
@@ -109,3 +109,16 @@ def test_a_box_without_tail_is_pulled_with_rsync(tmp_path: Path):
     assert res.verified, res.as_dict()
     assert f.stream is False
     assert JobRecord(root).files["checkpoints/model.bin"]["method"] == "rsync"
+
+
+def test_a_shell_that_cannot_run_the_command_means_rsync_but_a_dead_link_is_an_error(tmp_path: Path):
+    odd = tmp_path / "odd-shell"
+    odd.write_text("#!/bin/sh\necho 'fish: Unsupported use of ;' >&2\nexit 2\n")  # no marker, exit 2
+    odd.chmod(0o755)
+    assert ssh_stream([str(odd)], "box", "/x", tmp_path / "p", 10, lambda _n: None, 60) is None
+    dead = tmp_path / "dead-link"
+    dead.write_text("#!/bin/sh\necho 'ssh: connect to host box port 22: Connection refused' >&2\nexit 255\n")
+    dead.chmod(0o755)
+    with pytest.raises(TransportError) as err:
+        ssh_stream([str(dead)], "box", "/x", tmp_path / "p", 10, lambda _n: None, 60)
+    assert "Connection refused" in str(err.value)

@@ -35,6 +35,7 @@ ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING",
                      "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING"})
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+NAME_PREFIX = "gpurun-"  # every sbatch's --job-name starts so
 ARRAY_MIN = 16    # this many jobs with the same sbatch options go in as one --array
 ARRAY_MAX = 1000  # tasks per array (Slurm's MaxArraySize is 1001 by default)
 _PER_JOB = ("--job-name=", "--output=", "--chdir=")  # the options an array sets for all its tasks
@@ -103,7 +104,7 @@ def sbatch_options(job: Dict[str, Any], config: Dict[str, Any], line_opts: Dict[
     """The ``#SBATCH`` options of one job (see ``batch_script``)."""
     cfg = (config or {}).get("slurm") or {}
     name = _NAME_BAD.sub("_", str(job.get("name") or job["id"]))[:60]
-    opts = ["--job-name=gpurun-%s" % name, "--output=%s" % os.path.join(job["run_dir"], "slurm-%j.out"),
+    opts = ["--job-name=%s%s" % (NAME_PREFIX, name), "--output=%s" % os.path.join(job["run_dir"], "slurm-%j.out"),
             "--chdir=%s" % job["run_dir"], "--requeue", "--open-mode=append"]
     gpus = int(job.get("gpus") or 0)
     if gpus > 0:
@@ -214,8 +215,9 @@ def _submit_array(ctx: Any, common: List[str], jobs: List[Dict[str, Any]], pytho
     """One ``sbatch --array=0-(n-1)`` for ``jobs``; task i runs ``jobs[i]`` (backend id ``A_i``)."""
     runs = os.path.join(ctx.state_dir, "runs")
     name = _NAME_BAD.sub("_", str(jobs[0].get("name") or jobs[0]["id"]))[:50]
-    opts = ["--job-name=gpurun-%s+%d" % (name, len(jobs) - 1), "--output=%s" % os.path.join(runs, "slurm-%A_%a.out"),
-            "--chdir=%s" % runs, "--array=0-%d" % (len(jobs) - 1)] + common
+    opts = ["--job-name=%s%s+%d" % (NAME_PREFIX, name, len(jobs) - 1),
+            "--output=%s" % os.path.join(runs, "slurm-%A_%a.out"), "--chdir=%s" % runs,
+            "--array=0-%d" % (len(jobs) - 1)] + common
     script = os.path.join(runs, "array-%s-%d.sbatch" % (jobs[0]["id"], int(time.time() * 1000)))
     with open(script, "w") as f:
         f.write(batch_script(opts, python, agent, ctx.state_dir, [j["id"] for j in jobs]))
@@ -303,19 +305,23 @@ def user() -> str:
 
 
 def parse_squeue(text: str) -> Dict[str, Tuple[str, str]]:
-    """``squeue -h -o '%i|%T|%r'`` -> ``{job id: (state, reason)}`` (array tasks under their own id)."""
+    """``squeue -h -o '%i|%T|%r|%j'`` -> ``{job id: (state, reason)}`` (array tasks under their
+    own id). With the name column, only gpurun's jobs (``gpurun-...``): an id the cluster gave
+    again after a reset, to someone's own job, is never taken for one of ours."""
     out: Dict[str, Tuple[str, str]] = {}
     for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) >= 2 and parts[0]:
-            out[parts[0].strip()] = (parts[1].strip(), parts[2].strip() if len(parts) > 2 else "")
+        parts = line.strip().split("|", 3)
+        if len(parts) < 2 or not parts[0] or (len(parts) > 3 and not parts[3].startswith(NAME_PREFIX)):
+            continue
+        out[parts[0].strip()] = (parts[1].strip(), parts[2].strip() if len(parts) > 2 else "")
     return out
 
 
 def squeue() -> Dict[str, Tuple[str, str]]:
-    """Every job of this user that the controller still holds, ended ones included (``-t all``),
-    array tasks one per line as ``A_T`` (``-r``): one call, whatever the number of jobs. Raises a ``scheduler`` error when squeue fails."""
-    rc, out, err = run(["squeue", "-h", "-r", "-t", "all", "-u", user(), "-o", "%i|%T|%r"])
+    """Every gpurun job of this user that the controller still holds, ended ones included
+    (``-t all``), array tasks one per line as ``A_T`` (``-r``): one call, whatever the number of
+    jobs. Raises a ``scheduler`` error when squeue fails."""
+    rc, out, err = run(["squeue", "-h", "-r", "-t", "all", "-u", user(), "-o", "%i|%T|%r|%j"])
     if rc != 0:
         raise VerbError("squeue failed: %s" % (err.strip() or "exit %d" % rc)[:600], SCHEDULER,
                         "is slurmctld reachable from this login node? (`sinfo`)")
@@ -336,7 +342,8 @@ def parse_scontrol(text: str) -> Dict[str, str]:
 def scontrol_job(bid: str) -> Dict[str, str]:
     """What the controller remembers of a job squeue no longer lists; ``{}`` when it forgot it."""
     rc, out, _ = run(["scontrol", "show", "job", "-o", bid])
-    return parse_scontrol(out) if rc == 0 else {}
+    info = parse_scontrol(out) if rc == 0 else {}
+    return info if info.get("JobName", NAME_PREFIX).startswith(NAME_PREFIX) else {}
 
 
 def exit_code_of(word: str) -> Tuple[Optional[int], Optional[int]]:

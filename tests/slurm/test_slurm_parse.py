@@ -121,3 +121,8 @@ def test_host_add_slurm_keys_are_checked_and_kept(isolated_home: Path) -> None:
     assert "--slurm 'partition': 'a b' is not letters" in bad
     assert "is for Slurm hosts" in one_error(gpurun("host", "add", "c3", "--ssh", "u@127.0.0.1:22",
                                                     "--insecure-host-key", "--slurm", "partition=x"))
+
+
+def test_only_gpurun_jobs_are_read_from_squeue() -> None:
+    text = "7|RUNNING|None|gpurun-lr3\n8|PENDING|Priority|my-own-job\n9_2|PENDING|None|gpurun-a+19\n"
+    assert slurm.parse_squeue(text) == {"7": ("RUNNING", "None"), "9_2": ("PENDING", "None")}

@@ -11,7 +11,8 @@ or a cold ``ssh`` (gpurun keeps no SSH master), rounds interleaved (a load spike
 * submit of N jobs (default 50), on a node a blocker job fills (so none starts during the
   measure): ``gpurun queue submit FILE --host cluster`` vs one ``ssh`` running N ``sbatch`` of a
   one-line script with the options gpurun gives (job name, output, --chdir, --requeue,
-  --open-mode=append, -c 1);
+  --open-mode=append, -c 1), and vs one ``sbatch --array=0-(N-1)`` of it (gpurun sends 16+
+  jobs with the same options as one array);
   the jobs are scancelled after each round;
 * job-to-job gap (M jobs each, default 8, in series: each asks both fake GPUs): the time from
   one job's command ending to the next one's command starting, as the commands stamp it; bare
@@ -19,7 +20,8 @@ or a cold ``ssh`` (gpurun keeps no SSH master), rounds interleaved (a load spike
   the allocation);
 * ``queue status`` with K jobs on Slurm (default 1,000: a blocker runs, the K wait): gpurun
   piped and ``--json`` (both reconcile: one ``squeue`` for all, then the run-dir files) vs
-  ``ssh squeue -u gpurun-b``. The K-job submit itself is timed once against K bare sbatch.
+  ``ssh squeue -r -u gpurun-b`` (one line per array task). The K-job submit itself is timed
+  once against the same two bare forms.
 
 Prints one JSON document: medians in seconds, ratios, the load average before and after.
 gpurun is the tree this file sits in (``PYTHONPATH``): to bench a commit, run the file from a
@@ -140,20 +142,31 @@ class Bench:
         return script
 
     # -- 1. submit ---------------------------------------------------------------------
-    def submit_round(self, n: int, r: int) -> tuple[float, float]:
+    def bare_submit(self, n: int, array: bool) -> float:
+        """N bare jobs over one ssh: N ``sbatch`` calls, or one ``sbatch --array`` (what gpurun
+        does for 16+ jobs with the same options); cancelled again. Returns the seconds."""
+        script = self.bare_script("bare.sh", "true")
+        if array:
+            cmd = (f"cd {self.box} && sbatch --parsable --array=0-{n - 1} --job-name=bare-array "
+                   f"--output={self.box}/bare-%A_%a.out --chdir={self.box} --requeue "
+                   f"--open-mode=append -c 1 {script}")
+        else:
+            cmd = f"cd {self.box} && for i in $(seq {n}); do sbatch --parsable {self.bare_opts} -c 1 {script}; done"
+        t0 = time.perf_counter()
+        ids = sh(self.sshd, cmd).stdout.split()
+        took = time.perf_counter() - t0
+        assert len(ids) == (1 if array else n), ids[:3]
+        sh(self.sshd, "scancel " + " ".join(ids))
+        return took
+
+    def submit_round(self, n: int, r: int) -> tuple[float, float, float]:
         q = self.queue_file(f"submit-{r}.txt", [f"[name=s{r}-{i} gpus=0] true\n" for i in range(n)])
         before = set(self.gpurun_ids())
         t_g, _ = cli(self.env, "queue", "submit", str(q), "--host", "cluster", "--json")
         mine = [b for b in self.gpurun_ids() if b not in before]
         assert len(mine) == n, (len(mine), n)
-        script = self.bare_script("bare.sh", "true")
-        loop = f"cd {self.box} && for i in $(seq {n}); do sbatch --parsable {self.bare_opts} -c 1 {script}; done"
-        t0 = time.perf_counter()
-        bare_ids = sh(self.sshd, loop).stdout.split()
-        t_b = time.perf_counter() - t0
-        assert len(bare_ids) == n
-        sh(self.sshd, "scancel " + " ".join(mine + bare_ids))
-        return t_g, t_b
+        sh(self.sshd, "scancel " + " ".join(sorted({b.split("_")[0] for b in mine})))
+        return t_g, self.bare_submit(n, array=False), self.bare_submit(n, array=True)
 
     # -- 2. job-to-job gap ---------------------------------------------------------------
     def gaps(self, stamps: Path, m: int, timeout: float) -> list[float]:
@@ -192,19 +205,15 @@ class Bench:
         self.blocker()
         q = self.queue_file("status.txt", [f"[name=st-{i:05d} gpus=0] true\n" for i in range(k)])
         t_g, _ = cli(self.env, "queue", "submit", str(q), "--host", "status", "--json")
-        script = self.bare_script("bare.sh", "true")
-        t0 = time.perf_counter()
-        ids = sh(self.sshd, f"cd {self.box} && for i in $(seq {k}); do sbatch --parsable {self.bare_opts} "
-                            f"-c 1 {script}; done").stdout.split()
-        t_b = time.perf_counter() - t0
-        sh(self.sshd, "scancel " + " ".join(ids))
-        return {"gpurun_s": round(t_g, 3), "bare_sbatch_s": round(t_b, 3), "ratio": round(t_g / t_b, 2)}
+        t_loop, t_array = self.bare_submit(k, array=False), self.bare_submit(k, array=True)
+        return {"gpurun_s": round(t_g, 3), "bare_sbatch_loop_s": round(t_loop, 3),
+                "bare_sbatch_array_s": round(t_array, 3), "ratio_vs_array": round(t_g / t_array, 2)}
 
     def status_round(self) -> dict[str, float]:
         t_pipe, out = cli(self.env, "queue", "status", "--host", "status")
         t_json, js = cli(self.env, "queue", "status", "--host", "status", "--json")
         t0 = time.perf_counter()
-        sq = sh(self.sshd, f"squeue -u {USER}").stdout
+        sq = sh(self.sshd, f"squeue -r -u {USER}").stdout  # -r: one line per array task
         t_sq = time.perf_counter() - t0
         self.sizes = {"status_lines": len(out.splitlines()), "json_jobs": len(json.loads(js)["jobs"]),
                       "squeue_lines": len(sq.splitlines())}
@@ -229,12 +238,13 @@ def main() -> None:
     try:
         blocker = b.blocker()
         sub = [b.submit_round(args.submit, r) for r in range(args.rounds)]
-        g, s = [x[0] for x in sub], [x[1] for x in sub]
-        report["submit"] = {"jobs": args.submit, "gpurun_s": med(g), "bare_sbatch_s": med(s),
-                            "ratio": round(statistics.median(g) / statistics.median(s), 2),
-                            "overhead_ms_per_job": round((statistics.median(g) - statistics.median(s))
-                                                         / args.submit * 1000, 1),
-                            "gpurun_all": [round(x, 3) for x in g], "bare_all": [round(x, 3) for x in s]}
+        g, lp, ar = ([x[i] for x in sub] for i in range(3))
+        report["submit"] = {"jobs": args.submit, "gpurun_s": med(g), "bare_sbatch_loop_s": med(lp),
+                            "bare_sbatch_array_s": med(ar),
+                            "ratio_vs_loop": round(statistics.median(g) / statistics.median(lp), 2),
+                            "ratio_vs_array": round(statistics.median(g) / statistics.median(ar), 2),
+                            "gpurun_all": [round(x, 3) for x in g], "loop_all": [round(x, 3) for x in lp],
+                            "array_all": [round(x, 3) for x in ar]}
         sh(b.sshd, f"scancel {blocker}")
         gg: list[float] = []
         gb: list[float] = []

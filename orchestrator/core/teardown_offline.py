@@ -107,6 +107,12 @@ def assess_offline(entry: dict, dest: Path, unreachable: str,
         root = job_root(dest / job_dir_name(host), jid, job.get("name"))
         label = f"{job.get('name') or jid} ({jid})"
         mk = _marker(root, host, jid)
+        if mk is None and job.get("moved_to"):
+            # a job moved off this box (a fleet's lost member, `recover`) ran on and was pulled
+            # from its new host: that verified pull is its home copy
+            moved_root = job_root(dest / job_dir_name(str(job["moved_to"])), jid, job.get("name"))
+            mk = _marker(moved_root, str(job["moved_to"]), jid)
+            root = moved_root if mk is not None else root
         mk_job = (mk or {}).get("job") or {}
         terminal = job.get("state") in TERMINAL or bool(mk_job.get("terminal"))
         shown = mk_job.get("state") if mk_job.get("terminal") else job.get("state")

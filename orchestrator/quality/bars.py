@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 
 from orchestrator.quality.readers_text import _KNOWN, _METRICISH, _NUM
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
+from orchestrator.quality.steps import BAR_EPOCH, epoch_step
 
 _POSTFIX = re.compile(r"([A-Za-z_][\w/.\-]*)=\s*" + _NUM + r"(?![\w.])")
 
@@ -38,3 +39,19 @@ def bar_step(run: Run, bar: Optional[float]) -> float:
     if bar is not None and (last is None or bar >= last):
         return bar
     return last if last is not None else 0.0
+
+
+def bar_count(line: str, m, run: Run, parser) -> float:
+    """A bar's step from its ``TQDM_STEP`` match ``m``: its count, or (epoch, count) when its
+    description names the epoch ("Epoch 8: 100%|...| 266/266 [": the count restarts each epoch).
+    Sets the run's planned steps when the bar tells them."""
+    b, n = int(m.group(1)), int(m.group(2))
+    e = BAR_EPOCH.match(line)
+    if e is None:
+        run.planned_steps = run.planned_steps or float(n)
+        return float(b)
+    ep = int(e.group(1))
+    parser.epoch0 = parser.epoch0 or ep == 0  # Lightning's "Epoch 0:": epochs count from 0
+    if e.group(2) and not run.planned_steps:
+        run.planned_steps = float(int(e.group(2)) * n)
+    return epoch_step(ep + parser.epoch0, b, n)

@@ -12,9 +12,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
-from orchestrator.quality.steps import (BAR_EPOCH, BAR_EPOCH_IN, EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
-                                        KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, TQDM_STEP, context_line,
-                                        epoch_step)
+from orchestrator.quality.steps import (BAR_EPOCH_IN, EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
+                                        KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
+                                        BatchCounter, context_line, epoch_step)
 from orchestrator.quality.tables import TABLE_HEAD, Table, abort_record, table_head
 
 # a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
@@ -93,6 +93,7 @@ class LineParser:
         self.by_epoch = False  # the last parse's step is an integer epoch, not a step
         self.table: Optional[Table] = None  # the last column header (``tables``): its rows follow
         self.epoch0 = False  # an "Epoch: [0]" was seen: epochs count from 0 (torchvision)
+        self.batches = BatchCounter()  # MXNet's "Epoch[E] Batch[B]"
 
     def _keras(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         """A Keras header (remembered, no record) or batch line (step from its header)."""
@@ -184,6 +185,10 @@ class LineParser:
                 e = int(m.group(1))
                 self.epoch0 = self.epoch0 or e == 0
                 step = epoch_step(e + self.epoch0, int(m.group(2)), int(m.group(3)))
+            elif "Batch" in line and MX_BATCH.search(line):
+                m = MX_BATCH.search(line)
+                step = self.batches.step(int(m.group(1)), int(m.group(2)))  # type: ignore[union-attr]
+                vals = [kv for kv in vals if kv[0] != "batch"]
             elif "Iter(" in line:
                 m = ITER_OF.search(line)
                 if m:
@@ -336,20 +341,8 @@ class LineSource:
                 self.bar_post = key
                 run.add_record(bar_step(run, bar), vals)
 
-    def _bar_count(self, line: str, m, run: Run) -> float:
-        """A bar's step: its count, or (epoch, count) when its description names the epoch."""
-        b, n = int(m.group(1)), int(m.group(2))
-        e = BAR_EPOCH.match(line)
-        if e is None:
-            run.planned_steps = run.planned_steps or float(n)
-            return float(b)
-        ep = int(e.group(1))
-        self.parser.epoch0 = self.parser.epoch0 or ep == 0
-        if e.group(2) and not run.planned_steps:
-            run.planned_steps = float(int(e.group(2)) * n)
-        return epoch_step(ep + self.parser.epoch0, b, n)
-
     def _slow(self, text: str, run: Run) -> None:
+        from orchestrator.quality.bars import bar_count  # bars imports this module
         if (self.parser.user_re is None and len(text) >= 4096 and self.parser.table is None
                 and not TABLE_HEAD.search(text) and not BAR_EPOCH_IN.search(text)):
             if self.scan is None:
@@ -376,7 +369,7 @@ class LineSource:
                 # a tqdm bar knows the step that HF dict lines leave out
                 m = TQDM_STEP.search(line)
                 if m:
-                    self.bar_step = self._bar_count(line, m, run)
+                    self.bar_step = bar_count(line, m, run, parser)
                 if "=" in line:
                     self._bar_record(line, run, self.bar_step if m else None)
                 continue

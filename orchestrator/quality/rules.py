@@ -18,6 +18,7 @@ from orchestrator.quality.tables import ABORT_SERIES
 Finding = Dict[str, object]
 DIV_WARN, DIV_STOP = 1.15, 1.5
 ZERO = 1e-12  # a loss this close to 0 is no loss at all
+ZERO_JUMP = 0.01  # a loss at least this large the log before it reads zero: a collapse, not a floor
 
 
 def finding(code: str, severity: str, step, evidence: dict, hint: str, series: str = "") -> Finding:
@@ -140,9 +141,15 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # a value such as -6.43825e-20 is a loss computed to full precision and found to be
             # nothing (Caffe DetectNet); a bare 0.0 may be a memorised loss printed as 0.0000
             exact = grad is None and any(v != 0.0 for v in tail[-zeros:])
-            sev = "stop" if zeros >= 3 and (gbad or exact) else "warn" if zeros >= 2 else "info"
+            # a memorised loss reaches 0.0000 down a slope (0.01, 0.001, 0.0002, 0.0); straight
+            # from 0.01 or more to zero in one log is more than two decades below any print's
+            # resolution at once: the objective went degenerate (MXNet SEC: 0.100427 -> 0.000000)
+            k = len(loss) - zeros - 1
+            sudden = k >= 0 and isfinite(loss.values[k]) and abs(loss.values[k]) >= ZERO_JUMP
+            sev = "stop" if zeros >= 3 and (gbad or exact or sudden) else "warn" if zeros >= 2 else "info"
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
-                                                              "subnormal_values": exact}, H.COLLAPSE, "loss"))
+                                                              "subnormal_values": exact, "sudden": sudden},
+                               H.COLLAPSE, "loss"))
     if grad is not None:
         tail = grad.values[-50:]
         bad = [not isfinite(v) for v in tail]

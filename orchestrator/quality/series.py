@@ -93,8 +93,10 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
     for w in _WORD.findall(key):
         w = w.lower()
         head, loss, tail = w.partition("loss")
-        if loss and w != loss and {head, tail} - {""} <= PLAIN | EVAL_WORDS | {"s"}:
-            words.update((head, "loss", tail))  # "trainloss", "valloss": camelCase lowercased by a reader
+        if loss and w != loss and ({head, tail} - {""} <= PLAIN | EVAL_WORDS | {"s"}
+                                   or (tail in ("", "es") and len(head) >= 3 and head.isalpha())):
+            # "trainloss", "valloss", "multilogisticloss": camelCase lowercased by a reader
+            words.update((head, "loss", "" if tail == "es" else tail))
         else:
             words.add(w)
     words.discard("")

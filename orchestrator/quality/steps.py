@@ -149,6 +149,28 @@ KERAS_EPOCH_LINE = re.compile(r"\s*- \d+s - ")  # Keras 2 verbose=2 under its he
 KERAS_PAIR = re.compile(r"- ([A-Za-z_][\w/.]*): ([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))(?=\s|\Z|[A-Z])")
 
 
+# MXNet's Speedometer: "Epoch[1] Batch[10]\tSpeed: 29.01 samples/sec\t\tMultiLogisticLoss=0.1" (no
+# batches-per-epoch: ``BatchCounter`` carries the last batch of each epoch into the next)
+MX_BATCH = re.compile(r"Epoch\[(\d+)\]\s*Batch\s*\[(\d+)\]")
+
+
+class BatchCounter:
+    """Global steps from (epoch, batch) pairs whose batch count restarts every epoch and whose
+    epoch length is never printed: an epoch starts where the last batch of the one before it
+    ended."""
+
+    __slots__ = ("epoch", "offset", "last")
+
+    def __init__(self) -> None:
+        self.epoch, self.offset, self.last = -1, 0, 0
+
+    def step(self, epoch: int, batch: int) -> float:
+        if self.epoch >= 0 and epoch > self.epoch:
+            self.offset += self.last
+        self.epoch, self.last = epoch, batch
+        return float(self.offset + batch)
+
+
 def epoch_step(epoch: int, batch: int, per_epoch: int) -> float:
     """The global step of batch ``batch`` (1-based) of epoch ``epoch`` (1-based) when an epoch
     has ``per_epoch`` batches: ``(epoch - 1) * per_epoch + batch``."""
@@ -160,4 +182,5 @@ def context_line(text: str) -> bool:
     batch line, ``| end of epoch E |``) or is computed from three numbers (``| epoch E |
     B/N batches |``): the columnar paths leave these to ``LineParser.parse``, in order."""
     return bool(KERAS_EPOCH.match(text) or KERAS_BATCH.match(text) or EPOCH_BATCHES.search(text)
-                or EPOCH_END.search(text) or ITER_OF.search(text) or KERAS_EPOCH_LINE.match(text))
+                or EPOCH_END.search(text) or ITER_OF.search(text) or KERAS_EPOCH_LINE.match(text)
+                or MX_BATCH.search(text))

@@ -137,3 +137,18 @@ def test_a_dip_back_to_the_plateau_of_a_loss_spread_over_decades_is_no_level_shi
     assert any(f["evidence"].get("back_to_plateau") for v in seen for f in v["findings"])  # the dip was seen
     # the same dip followed by a level 10x above the plateau is a shift that stands
     assert judge(went_up, {})["verdict"] == "STOP"
+
+
+def test_mxnet_speedometer_steps_and_a_camelcase_loss(tmp_path):
+    p = tmp_path / "mx.log"
+    line = "Epoch[%d] Batch[%d]\tSpeed: 29.01 samples/sec\t\tMultiLogisticLoss=%.6f\ttime=17/01/2019--21:28:53\n"
+    p.write_text("".join(line % (e, b, 0.5 / (e * 5 + b / 10)) for e in (0, 1) for b in (10, 20, 30, 40, 50)))
+    run = _read(p)
+    loss = run.get("loss")
+    assert loss is not None and loss.name == "multilogisticloss"  # "...Loss", lowercased by the reader
+    assert list(loss.steps) == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]  # no restart
+    assert "batch" not in run.series and not run.restarts
+    with open(p, "a") as f:  # straight from 0.08 to a printed zero: a collapse, not a memorised floor
+        f.write("".join(line.replace("%.6f", "0.000000") % (2, b) for b in (10, 20, 30)))
+    v = judge(_read(p), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "loss_collapse"

@@ -83,7 +83,9 @@ def members(fleet: Optional[str] = None, hosts: tuple[str, ...] | list[str] = ()
     else:
         names = list(hosts)
         if not names:
-            raise BadInput("no hosts named", "pass --fleet NAME, or --host A --host B")
+            known = fleetinv.fleet_names()
+            raise BadInput("no fleet named", "pass --fleet NAME" + (f" (fleets: {', '.join(known)})" if known else "")
+                           + ", or the hosts with --host A --host B")
     return [hostinv.get_host(n) for n in dict.fromkeys(names)]
 
 
@@ -230,15 +232,15 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
         for e in entries:
             hostinv.update_host(e["name"], slots=slots)
         entries = [hostinv.get_host(e["name"]) for e in entries]
-    # a job's paths are the member's own (its workdir, a local cwd): one set of rows per member
-    rows: dict[str, dict[str, dict]] = {}
-    order: list[str] = []
-    for i, e in enumerate(entries):
-        jobs, dups = cq.to_jobs(specs, e, file, cwd, default_secrets=default_names(e))
-        rows[e["name"]] = {j["id"]: j for j in jobs}
-        if i == 0:
-            order = [j["id"] for j in jobs]
-            notes += dups
+    # placement needs only ids, GPUs and lines: the first member's rows (duplicate lines dropped
+    # and warned about once); each member's own rows (its workdir, a local cwd) are made after
+    # placement, for the jobs it gets
+    first, dups = cq.to_jobs(specs, entries[0], file, cwd, default_secrets=default_names(entries[0]))
+    notes += dups
+    order = [j["id"] for j in first]
+    spec_of: dict[str, Any] = {}
+    for sp in specs:
+        spec_of.setdefault(sp.id, sp)
     if not every:
         notes.append(f"{file} has no jobs (only comments and blank lines): nothing submitted")
     needs_gpu = frozenset(s.id for s in specs if s.gpus)
@@ -267,24 +269,27 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
         where: dict[str, str] = {}   # job id -> member holding it (a live row wins over a moved one)
         for n, a in sorted(answers.items()):
             if isinstance(a, GpurunError):
-                seen = {j["id"] for j in known_jobs(n)} & set(order)
+                there = {j["id"] for j in known_jobs(n)} & spec_of.keys()
                 notes.append(f"{n} did not answer ({a.message}); left out of the placement"
-                             + (f", with the {len(seen)} job(s) gpurun last saw there" if seen else ""))
-                for jid in seen:
+                             + (f", with the {len(there)} job(s) gpurun last saw there" if there else ""))
+                for jid in there:
                     where.setdefault(jid, n)
                 continue
             for r in a[0]:
-                if r["id"] in rows[n] and (r["id"] not in where or r.get("state") != S.MOVED):
+                if r["id"] in spec_of and (r["id"] not in where or r.get("state") != S.MOVED):
                     where[r["id"]] = n
-        todo = [rows[sorted(up)[0]][jid] for jid in order if jid not in where]
+        by_id = {j["id"]: j for j in first}
+        todo = [by_id[jid] for jid in order if jid not in where]
         loads = {n: load_of(a[0], a[1]) for n, a in up.items()}
         placed = place(todo, loads, needs_gpu)
 
         def send(name: str) -> SubmitResult:
             present = [jid for jid in order if where.get(jid) == name]
-            mine = [rows[name][j["id"]] for j in placed[name]]
-            if not mine:
+            if not placed[name]:
                 return cq.SubmitResult(name, [], present, [], present)
+            e = clients[name].host
+            mine, _ = cq.to_jobs([spec_of[j["id"]] for j in placed[name]], e, file, cwd,
+                                 default_secrets=default_names(e))
             res = cq.submit(clients[name], cq.SubmitPlan(clients[name].host, mine))
             return cq.SubmitResult(name, res.added, present + res.present, res.warnings, present + res.ids)
 

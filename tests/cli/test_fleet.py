@@ -176,6 +176,7 @@ def test_submit_to_a_fleet_spreads_and_runs_each_job_once(two_boxes, tmp_path: P
         assert len(doc["jobs"]) == 3, doc
         for j in doc["jobs"]:
             assert j["state"] == "succeeded" and j["attempt"] == 1, j
+            assert j["cwd"] == boxes[name]["workdir"], j   # each box's own paths, not another's
             assert j["name"] not in seen, f"{j['name']} on {seen.get(j['name'])} and {name}"
             seen[j["name"]] = name
     assert sorted(seen) == [f"job{i}" for i in range(6)]

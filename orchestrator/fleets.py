@@ -108,7 +108,9 @@ def fleet_names() -> list[str]:
 def _unknown(name: str, known: list[str]) -> FleetError:
     import difflib
 
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    # case folded first: `--fleet gpu` for fleet GPU is the likeliest slip
+    close = [k for k in known if k.casefold() == name.casefold()] or \
+        difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     listed = f"known fleets: {', '.join(known)}; " if known else "no fleet exists yet; "
     return FleetError(f"unknown fleet {name!r}",

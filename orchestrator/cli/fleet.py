@@ -33,7 +33,18 @@ def fleet_option(help: str = "Act on every host of fleet NAME (`gpurun fleet ls`
 
 @click.group()
 def fleet() -> None:
-    """Group hosts into named fleets for `queue submit --fleet NAME`."""
+    """Group hosts into named fleets: one queue spread over several boxes.
+
+    \b
+      gpurun fleet add sweep box-a box-b box-c
+      gpurun queue submit q.txt --fleet sweep  # by free GPUs or slots
+      gpurun queue status --fleet sweep        # also events, watch
+      gpurun queue balance --fleet sweep       # off busy or dead boxes
+      gpurun pull --fleet sweep                # all artifacts, verified
+      gpurun down --fleet sweep                # the gate, per member
+
+    A fleet only names hosts of `gpurun host ls`: add and rm contact no box.
+    """
 
 
 @fleet.command("add")

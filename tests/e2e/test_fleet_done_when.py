@@ -218,3 +218,31 @@ def test_a_fleet_of_three_runs_every_job_once_survives_a_dead_box_and_pulls_home
                                                    env=env).stdout)["hosts"]}
     assert doc["box-c"]["assessment"]["basis"] == "offline" and doc["box-c"]["outcome"] != "refused"
     print(f"fleet done-when: {time.monotonic() - started:.1f} s")
+
+
+def test_a_newcomer_meets_fleets_through_help_and_typos(isolated_home: Path) -> None:
+    """The first minutes, piped at 80 columns: the help tells the story; each slip is one clean
+    error naming what is known."""
+    from rigs.agents import one_error
+
+    env = _user_env(isolated_home)
+    res = gpurun("fleet", "--help", env=env)
+    assert res.returncode == 0 and max(len(ln) for ln in res.stdout.splitlines()) <= 80, res.stdout
+    for verb in ("queue submit q.txt --fleet", "queue balance --fleet", "pull --fleet", "down --fleet"):
+        assert f"gpurun {verb} sweep" in res.stdout, verb
+
+    res = gpurun("fleet", "ls", env=env)
+    assert res.returncode == 0 and "gpurun fleet add NAME HOST..." in res.stderr
+    assert "unknown host 'box-a'" in one_error(gpurun("fleet", "add", "GPU", "box-a", env=env))
+    assert gpurun("host", "add", "box-a", "--ssh", "root@192.0.2.1:22", "--insecure-host-key",
+                  env=env).returncode == 0   # TEST-NET: recorded, never contacted
+    assert "invalid fleet name 'my fleet'" in one_error(gpurun("fleet", "add", "my fleet", "box-a", env=env))
+    assert gpurun("fleet", "add", "GPU", "box-a", env=env).returncode == 0
+
+    q = isolated_home / "q.txt"
+    q.write_text("[name=a] echo a\n")
+    res = gpurun("queue", "submit", str(q), "--fleet", "gpu", env=env)
+    assert "unknown fleet 'gpu'" in one_error(res)
+    assert "did you mean 'GPU'?" in res.stderr   # the case slip is the likeliest one
+    res = gpurun("queue", "balance", env=env)
+    assert "no fleet named" in one_error(res) and "--fleet NAME (fleets: GPU)" in res.stderr

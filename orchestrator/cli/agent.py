@@ -23,7 +23,7 @@ def agent() -> None:
 @agent.command()
 @HOST_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print {host, running, pid, build, agent, started_at, "
-              "uptime_s, jobs: {queued, running}, state_dir, idle_exit_minutes, last_activity, process}.")
+              "uptime_s, jobs: {queued, running}, state_dir, idle_exit_minutes, last_activity, process, scheduler}.")
 def status(host: str | None, as_json: bool) -> None:
     """The agent daemon on a host: pid, build, uptime, jobs queued and running, state dir."""
     from orchestrator.core import agents as core
@@ -36,6 +36,9 @@ def status(host: str | None, as_json: bool) -> None:
     if st.running:
         say(f"agent on {st.host}: [green]running[/] (pid {st.pid}, build {st.build}, "
                   f"up {human_duration(st.uptime_s) or '?'})")
+    elif st.scheduler == "slurm":
+        say(f"agent on {st.host}: no daemon (a Slurm host: Slurm is the queue, and each gpurun command "
+            "reads it)")
     else:
         say(f"agent on {st.host}: [dim]not running[/] (the next gpurun command for {st.host} starts it)")
     if st.process:

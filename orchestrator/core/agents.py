@@ -35,13 +35,14 @@ class AgentStatus:
     last_activity: Optional[float]
     process: Optional[dict] = None  # this machine's daemon only: {rss_bytes, cpu_pct, threads} (psutil)
     disk: Optional[dict] = None     # while the state dir's disk is full: {full, since, message, hint, free_bytes}
+    scheduler: Optional[str] = None  # "slurm": a host whose agent never runs a daemon (Slurm is the queue)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "running": self.running, "pid": self.pid, "build": self.build,
                 "agent": self.agent, "started_at": self.started_at, "uptime_s": self.uptime_s,
                 "jobs": {"queued": self.queued, "running": self.running_jobs}, "state_dir": self.state_dir,
                 "idle_exit_minutes": self.idle_exit_minutes, "last_activity": self.last_activity,
-                "process": self.process, "disk": self.disk}
+                "process": self.process, "disk": self.disk, "scheduler": self.scheduler}
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ def status(host: Optional[str] = None) -> AgentStatus:
     entry = hostinv.get_host(host)
     with open_session(host=entry) as s:
         st = _status(entry["name"], dict(s.agent_info()))
+    if entry.get("profile") and entry.get("kind") == "ssh":
+        from dataclasses import replace
+
+        from orchestrator.core.client import host_config
+        st = replace(st, scheduler=host_config(entry).get("scheduler"))
     if entry.get("kind", "local") == "local" and st.running and st.pid:
         # the daemon runs on this machine: what it costs, read by psutil (a remote box has no psutil)
         from dataclasses import replace

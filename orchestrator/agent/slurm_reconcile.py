@@ -142,7 +142,7 @@ def _one(ctx: Any, job: Dict[str, Any], state: Optional[str], now: float) -> Non
     n = job["attempt"]
     have = files.get(n, set()) if n else set()
     if job["state"] == S.QUEUED or S.is_terminal(job["state"]):
-        if job["state"] == S.QUEUED and state in slurm.ENDED and not ("started" in have and n > 0):
+        if job["state"] == S.QUEUED and state in slurm.ENDED:  # and no attempt started since it was queued
             _ended_unstarted(ctx, job, state)
         elif job["state"] == S.QUEUED and state is None:
             _forgotten(ctx, job)

@@ -117,3 +117,16 @@ def test_finals_pending_reads_the_final_pass_cursor(ctx) -> None:
     assert R._finals_pending(ctx.store) == quality_cadence.finals_pending(ctx.store) is True
     quality_cadence.final_pass(ctx, time.time())
     assert R._finals_pending(ctx.store) == quality_cadence.finals_pending(ctx.store) is False
+
+
+def test_a_retried_job_cancelled_before_its_new_sbatch_started(ctx) -> None:
+    job = add(ctx)
+    write(job, "started.1", {"time": time.time() - 5})
+    step(ctx, "j1", "RUNNING")
+    write(job, "exit.1", {"code": 2})
+    assert step(ctx, "j1", "FAILED")["state"] == S.FAILED
+    # queue retry: queued again with a new Slurm job, which is scancel'd while pending
+    assert ctx.store.transition("j1", [S.FAILED], S.QUEUED, user_retry=True, attempt_base=1, ended_at=None)
+    ctx.store.update_fields("j1", [S.QUEUED], backend_id="99")
+    row = step(ctx, "j1", "CANCELLED")
+    assert (row["state"], row["attempt"]) == (S.CANCELLED, 1)

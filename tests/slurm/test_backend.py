@@ -135,6 +135,10 @@ def test_twelve_jobs_on_slurm(slurm_ssh_host: dict, sshd: SshdRig, slurm_cluster
     pg = subprocess.run(["pgrep", "-u", CLEAN_USER, "-f", "daemon --state-dir %s" % state_dir],
                         capture_output=True, text=True)
     assert pg.returncode == 1, pg.stdout
+    res = gpurun("watch", "--host", "cluster", "--once", "--json")
+    assert res.returncode == 0, res.stderr
+    (watched,) = json.loads(res.stdout)["hosts"]
+    assert watched["ok"] and watched["finished_total"] == 12, watched  # every job ended, seen through snapshot
     res = gpurun("agent", "status", "--host", "cluster")
     assert res.returncode == 0 and "no daemon (a Slurm host" in res.stdout, (res.stdout, res.stderr)
 

@@ -20,7 +20,8 @@ SIGTERM, SIGKILL 5 s later; real clusters use 30), ``sched/backfill`` with
 ``batch_sched_delay=0`` (job-to-job gap ~0.5 s instead of Slurm's 3 s cycle). A requeued job
 (``scontrol requeue``) is held back ~120 s by Slurm itself; ``start_now(id)`` lifts that.
 
-``python tests/rigs/slurm.py up|down|status`` starts or stops the rig by hand (as root).
+``python tests/rigs/slurm.py up|down [--force]|status`` starts or stops the rig by hand (as
+root): ``up`` holds it until ``down``, which stops it once no test session holds it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+if not __package__:  # run as a script (`python tests/rigs/slurm.py up`): make `rigs` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rigs.slurm_files import (ETC, GPUS, GRES_CONF, KILL_WAIT, MIN_JOB_AGE,  # noqa: F401 (re-exported)
                                PARTITION, SLURM_CONF, alive, atomic_write, fake_gpu, free_port,
@@ -347,10 +351,15 @@ if __name__ == "__main__":
             rig.state["holders"] = [p for p in rig.state["holders"] if p != os.getpid()] + [1]
         print(f"up: node {rig.node} {rig.node_state()}, conf {SLURM_CONF}, logs {rig.root}")
     elif verb == "down":
+        # drop the by-hand holder; the cluster stops now unless a test session still holds it
+        # (then the last one out stops it); `down --force` stops it whoever holds it
         with rig._locked():
-            rig.state["holders"] = []
-            rig._stop_daemons()
-        print("down")
+            force = "--force" in sys.argv
+            left = [p for p in rig.state.get("holders", []) if p != 1 and alive(p)]
+            rig.state["holders"] = [] if force else left
+            if force or not left:
+                rig._stop_daemons()
+        print("down" if force or not left else f"released; still held by pids {left}")
     else:
         with rig._locked():
             pass

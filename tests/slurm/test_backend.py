@@ -118,6 +118,14 @@ def test_twelve_jobs_on_slurm(slurm_ssh_host: dict, sshd: SshdRig, slurm_cluster
     res = gpurun("queue", "logs", "exit3", "--host", "cluster")
     assert res.returncode == 0 and "failing" in res.stdout, res.stderr
 
+    # retry: the resume gate first (the NaN run is refused, exit 3), else a new sbatch
+    refused = gpurun("queue", "retry", "diverge", "--host", "cluster")
+    assert refused.returncode == 3 and "quality gate" in refused.stderr, refused.stderr
+    assert gpurun("queue", "retry", "exit3", "--host", "cluster").returncode == 0
+    again = wait_for("exit3 again", lambda: (lambda j: j if j["state"] == "failed" and j["attempt"] == 2 else None)(
+        jobs()["exit3"]), 120)
+    assert again["exit_code"] == 3 and again["backend_id"] != final["exit3"]["backend_id"]
+
     # pull: every artifact home, verified
     dest = tmp_path / "home"
     res = gpurun("pull", "--host", "cluster", "--dest", str(dest), "--json", timeout=300)

@@ -228,3 +228,17 @@ def test_a_member_gone_or_silent_is_left_out_with_a_warning(home: Path, tmp_path
 
     err = one_error(gpurun("queue", "submit", str(queue), "--fleet", "mixed", "--host", "local"))
     assert "both --fleet mixed and --host" in err
+
+
+def test_wait_over_a_fleet_keeps_the_exit_codes(home: Path, tmp_path: Path):
+    """``--wait`` over a fleet (here of ``local`` alone) waits for every job and exits 1 when one
+    failed; ``--json`` then prints each host's final jobs."""
+    assert gpurun("fleet", "add", "solo", "local").returncode == 0
+    queue = tmp_path / "q.txt"
+    queue.write_text("[name=ok] true\n[name=bad] exit 3\n")
+    res = gpurun("queue", "submit", str(queue), "--fleet", "solo", "--wait", "--json", cwd=str(tmp_path))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    assert doc["fleet"] == "solo" and [h["host"] for h in doc["hosts"]] == ["local"]
+    got = {j["name"]: (j["state"], j["exit_code"]) for j in doc["hosts"][0]["jobs"]}
+    assert got == {"ok": ("succeeded", 0), "bad": ("failed", 3)}

@@ -73,7 +73,8 @@ def ls(as_json: bool) -> None:
         return
     # one plain line per host: readable at 80 columns, and greppable when piped
     rows = [("FLEET", "HOST", "PROFILE", "KIND")] + [
-        (f["name"], h["name"], h["profile"] or "-", h["kind"]) for f in fleets for h in f["hosts"]]
+        (f["name"], h["name"], h["profile"] or "-", h["kind"]) for f in fleets
+        for h in f["hosts"] or [{"name": "-", "profile": None, "kind": "(no hosts)"}]]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
 

@@ -145,7 +145,8 @@ def place(jobs: list[dict], loads: dict[str, Load], needs_gpu: frozenset[str] | 
     greedily in order: among the members it fits, the one with the least ``(used + need) /
     capacity``, a tie to the first by name. A job in ``needs_gpu`` (its line said ``gpus=N``)
     fits only a member with at least N GPUs; another job fits any member. ``loads`` is updated.
-    BadInput naming the job's file and line when it fits no member; nothing is placed then."""
+    BadInput naming the job's file and line when one job fits no member (then no job may be
+    sent: ``loads`` holds a partial placement)."""
     names = sorted(loads)
     out: dict[str, list[dict]] = {n: [] for n in names}
     for job in jobs:

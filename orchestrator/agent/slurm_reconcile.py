@@ -31,6 +31,7 @@ from orchestrator.agent import failures, slurm
 from orchestrator.agent import states as S
 from orchestrator.agent.protocol import VerbError
 
+NOTIFY_WAIT_S = 10.0  # how long a command waits for its webhooks' deliveries
 SCONTROL_MAX = 16  # `scontrol show job` calls per command for jobs squeue no longer lists
 RECENT_S = 86400.0  # ended rows Slurm may still requeue (it forgets a job after MinJobAge, 300 s by default)
 _FILE = re.compile(r"^(started|exit|gate)\.(\d+)$")
@@ -88,7 +89,34 @@ def reconcile(ctx: Any, now: Optional[float] = None) -> int:
     if seen and _finals_pending(ctx.store):
         from orchestrator.agent import quality_cadence  # the metric readers: only when a job ended
         quality_cadence.final_pass(ctx, now)
+    send_notifications(ctx)
     return seen
+
+
+def send_notifications(ctx: Any, wait_s: float = NOTIFY_WAIT_S) -> None:
+    """No daemon sends a Slurm host's notifications (failures, quality STOPs, queue done): the
+    command that brought the events in does, under a lock (two commands never send one event
+    twice), waiting up to ``wait_s`` for the deliveries before it answers. Nothing at all when
+    no webhook is configured or no event is new."""
+    if not ctx.config.get("notify"):
+        return
+    last = ctx.store.kv_get("notify.last_event_id")
+    if last is not None and not ctx.store.events(int(last), None, 1):
+        return
+    import fcntl
+    fd = os.open(os.path.join(ctx.state_dir, "notify.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # another command is sending them
+        from orchestrator.agent import notifications, notify
+        notifications.flush_notifications(ctx)
+        notifier = notify.notifier_for(ctx.state_dir, ctx.config, state_dir=ctx.state_dir)
+        if notifier is not None and notifier.flush(wait_s):
+            notifications.flush_notifications(ctx)  # failed deliveries become events now (not re-sent)
+    finally:
+        os.close(fd)
 
 
 def _finals_pending(store: Any) -> bool:

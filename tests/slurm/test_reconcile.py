@@ -130,3 +130,26 @@ def test_a_retried_job_cancelled_before_its_new_sbatch_started(ctx) -> None:
     ctx.store.update_fields("j1", [S.QUEUED], backend_id="99")
     row = step(ctx, "j1", "CANCELLED")
     assert (row["state"], row["attempt"]) == (S.CANCELLED, 1)
+
+
+def test_the_command_that_sees_a_failure_sends_its_notification(ctx, monkeypatch) -> None:
+    """No daemon on a login node: the reconcile of a command sends the webhook, once."""
+    from orchestrator.agent import notify
+    from rigs import webhook
+
+    with webhook.serve() as srv:
+        monkeypatch.setenv("S2_HOOK", srv.url)
+        ctx.config["notify"] = [{"kind": "generic", "url_env": "S2_HOOK"}]
+        try:
+            job = add(ctx)
+            R.send_notifications(ctx)  # the first flush takes the history as seen
+            write(job, "started.1", {"time": time.time()})
+            step(ctx, "j1", "RUNNING")
+            write(job, "exit.1", {"code": 3})
+            step(ctx, "j1", "FAILED")
+            R.send_notifications(ctx)
+            R.send_notifications(ctx)  # nothing new: nothing sent again
+            failed = [b for b in srv.bodies if b["kind"] == "failed"]
+            assert len(failed) == 1 and "j1" in failed[0]["message"], srv.bodies
+        finally:
+            notify._CACHE.clear()

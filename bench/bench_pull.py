@@ -63,6 +63,18 @@ def job_for(path: Path, digest: str) -> dict:
                        "unit": "model.bin", "size": st.st_size, "mtime": st.st_mtime, "sha256": digest}]}
 
 
+def cpu_seconds(rig: SshdRig) -> float:
+    """CPU used so far by this process, its reaped children (rsync, ssh) and the rig's sshd
+    with the sessions it reaped (sshd, the box's rsync or cat): both ends of the link. On a
+    loaded machine the wall time swings with other work; this does much less."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(f"/proc/{rig.proc.pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def drop_local(dest: Path) -> None:
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -130,49 +142,55 @@ def main() -> None:
         from orchestrator.sync.transfer import _CIPHERS, _has_aes
         same_cipher = not args.default_cipher and _has_aes()
         ssh_same = " ".join(ssh + ["-o", f"Ciphers={_CIPHERS}"]) if same_cipher else ssh_e
-        plain_t, same_t, durable_t, ours_t, old_t = [], [], [], [], []
+        def rsync_plain(e: str, durable: bool = False) -> None:
+            drop_local(work / "plain")
+            subprocess.run(["rsync", "-a", "-e", e, f"{target}:{src}", str(work / "plain" / "x")], check=True)
+            if durable:  # made durable like gpurun's pull (which fsyncs before its atomic rename)
+                fd = os.open(work / "plain" / "x", os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+
+        def gpurun_pull(stream: bool) -> None:
+            drop_local(work / "ours")
+            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, stream=stream)
+            res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
+            assert res.verified, res.as_dict()
+
+        runs = {  # label -> what it runs; interleaved in every round
+            "plain rsync -a (default cipher)  ": lambda: rsync_plain(ssh_e),
+            "plain rsync -a (gpurun's ciphers)": lambda: rsync_plain(ssh_same),
+            "same + fsync (durable, like ours)": lambda: rsync_plain(ssh_same, durable=True),
+            "gpurun pull (incl. verify)       ": lambda: gpurun_pull(True),
+            "gpurun pull, rsync + read-back   ": lambda: gpurun_pull(False),
+        }
+        wall: dict[str, list[float]] = {k: [] for k in runs}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
         load0 = os.getloadavg()
         for _ in range(args.rounds):
-            drop_local(work / "plain")
-            t = time.monotonic()
-            subprocess.run(["rsync", "-a", "-e", ssh_e, f"{target}:{src}", str(work / "plain" / "x")], check=True)
-            plain_t.append(time.monotonic() - t)
-            drop_local(work / "plain")
-            t = time.monotonic()
-            subprocess.run(["rsync", "-a", "-e", ssh_same, f"{target}:{src}", str(work / "plain" / "x")], check=True)
-            same_t.append(time.monotonic() - t)
-            # the same, made durable like gpurun's pull (which fsyncs before its atomic rename)
-            drop_local(work / "plain")
-            t = time.monotonic()
-            subprocess.run(["rsync", "-a", "-e", ssh_same, f"{target}:{src}", str(work / "plain" / "x")], check=True)
-            fd = os.open(work / "plain" / "x", os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-            durable_t.append(time.monotonic() - t)
-            drop_local(work / "ours")
-            t = time.monotonic()
-            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher)
-            res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
-            ours_t.append(time.monotonic() - t)
-            assert res.verified, res.as_dict()
-            drop_local(work / "ours")
-            t = time.monotonic()
-            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, stream=False)
-            res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
-            old_t.append(time.monotonic() - t)
-            assert res.verified, res.as_dict()
+            for label, fn in runs.items():
+                subprocess.run(["sync"], check=True)  # the previous run's writeback is not this one's
+                c = cpu_seconds(rig)
+                t = time.monotonic()
+                fn()
+                wall[label].append(time.monotonic() - t)
+                time.sleep(0.3)  # let sshd reap the session, so its CPU is counted
+                cpu[label].append(cpu_seconds(rig) - c)
         load1 = os.getloadavg()
-        p, q, d, o, b = (statistics.median(x) for x in (plain_t, same_t, durable_t, ours_t, old_t))
+        med = {k: statistics.median(v) for k, v in wall.items()}
         print(f"pull {args.gb:g} GiB over loopback SSH, median of {args.rounds} interleaved rounds "
-              f"(load {load0[0]:.2f} before, {load1[0]:.2f} after; {os.cpu_count()} CPUs):")
-        print(f"  plain rsync -a (default cipher)   : {p:6.2f} s  {size / p / 1e6:7.1f} MB/s")
-        print(f"  plain rsync -a (gpurun's ciphers) : {q:6.2f} s  {size / q / 1e6:7.1f} MB/s")
-        print(f"  same + fsync (durable, like ours) : {d:6.2f} s  {size / d / 1e6:7.1f} MB/s")
-        print(f"  gpurun pull (incl. verify)        : {o:6.2f} s  {size / o / 1e6:7.1f} MB/s")
-        print(f"  gpurun pull, rsync + read-back    : {b:6.2f} s  {size / b / 1e6:7.1f} MB/s  (the way before)")
+              f"(load {load0[0]:.2f} before, {load1[0]:.2f} after; {os.cpu_count()} CPUs); CPU: both ends, "
+              "all processes:")
+        for label in runs:
+            print(f"  {label} : {med[label]:6.2f} s  {size / med[label] / 1e6:7.1f} MB/s  "
+                  f"CPU {statistics.median(cpu[label]):5.2f} s")
+        p, q, d, o, b = med.values()
         print(f"  ratio (rsync time / gpurun time, 1.0 = as fast): {q / o:.2f} of rsync with the same "
               f"ciphers ({q / b:.2f} before), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
-        print("  per round (s): " + "; ".join(f"{a:.2f}/{c:.2f}/{e:.2f}" for a, c, e in zip(same_t, ours_t, old_t))
+        labels = list(runs)
+        same, ours, old = wall[labels[1]], wall[labels[3]], wall[labels[4]]
+        paired = statistics.median(a / c for a, c in zip(same, ours))
+        print(f"  paired (median of the per-round ratios): {paired:.2f}; per round (s): "
+              + "; ".join(f"{a:.2f}/{c:.2f}/{e:.2f}" for a, c, e in zip(same, ours, old))
               + "  (rsync same ciphers / gpurun / before)")
 
         # resume: keep 40 % as a partial, pull again

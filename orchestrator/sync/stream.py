@@ -17,10 +17,12 @@ POSIX shell (no marker, exit 127) returns None, and the caller uses rsync instea
 from __future__ import annotations
 
 import os
+import queue
 import select
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -113,7 +115,9 @@ class _Receiver:
 
     def run(self, rfd: int, stall_s: float) -> None:
         """Until ``size`` bytes are in, the stream ends, or nothing arrived for ``stall_s``
-        (a stall, not the whole file's time: a 500 GB checkpoint may take hours)."""
+        (a stall, not the whole file's time: a 500 GB checkpoint may take hours). Reads fill a
+        whole CHUNK before it is written and handed to the hashing thread: one write and one
+        hand-off per MiB, whatever sizes the pipe delivers."""
         try:
             import fcntl
 
@@ -122,50 +126,63 @@ class _Receiver:
             pass  # the default pipe works, with more reads
         poller = select.poll()
         poller.register(rfd, select.POLLIN | select.POLLHUP)
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        flush = _range_flusher()
-        t0 = time.monotonic()
-        flushed = reported = self.start
-        deadline = t0 + stall_s
+        self._flush = _range_flusher()
+        self._t0 = time.monotonic()
+        self._flushed = self._reported = self.start
+        deadline = self._t0 + stall_s
         try:
-            wfd = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._wfd = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None
+        hasher = _HashThread(self.h)
+        buf, fill = hasher.buffer(), 0
         try:
-            while self.pos < self.size:
+            while self.pos + fill < self.size:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(f"ssh stream stalled at byte {self.pos}: nothing came "
+                    raise TransportError(f"ssh stream stalled at byte {self.pos + fill}: nothing came "
                                          f"for {stall_s:.0f} s",
                                          "run the pull again: it resumes from the bytes already here")
                 if not poller.poll(min(1000, int(left * 1000) + 1)):
+                    if fill:  # a slow link: what did come is written, not held back
+                        self._emit(hasher, buf, fill)
+                        buf, fill = hasher.buffer(), 0
                     continue
-                n = os.readv(rfd, [buf])
+                n = os.readv(rfd, [memoryview(buf)[fill:]])
                 if n == 0:
-                    return  # end of stream: the caller reads ssh's exit status
+                    break  # end of stream: the caller reads ssh's exit status
                 deadline = time.monotonic() + stall_s
-                block = view[:n]
                 if not self.started:
-                    block = self._after_mark(bytes(block))
-                    if block is None:
+                    rest = self._after_mark(bytes(buf[fill:fill + n]))
+                    if rest is None:
                         continue
-                block = block[:self.size - self.pos]  # the file grew on the box: the manifest's length
-                self._write(wfd, block)
-                self.h.update(block)
-                self.pos += len(block)
-                if flush is not None and self.pos - flushed >= WRITEBACK:
-                    flush(wfd, flushed, self.pos - flushed)  # start writeback now: the fsync finds little
-                    flushed = self.pos
-                if self.pos - reported >= PROGRESS_EVERY:
-                    self.on_progress(self.pos)
-                    reported = self.pos
-                if self.rate:
-                    ahead = (self.pos - self.start) / self.rate - (time.monotonic() - t0)
-                    if ahead > 0:
-                        time.sleep(ahead)
+                    buf[fill:fill + len(rest)] = rest  # the payload's first bytes: within this read
+                    n = len(rest)
+                fill = min(fill + n, self.size - self.pos)  # the file grew on the box: the manifest's length
+                if fill == len(buf) or self.pos + fill >= self.size:
+                    self._emit(hasher, buf, fill)
+                    buf, fill = hasher.buffer(), 0
+            if fill:
+                self._emit(hasher, buf, fill)
         finally:
-            os.close(wfd)
+            hasher.close()  # every block handed over is hashed before the digest is read
+            os.close(self._wfd)
+
+    def _emit(self, hasher: "_HashThread", buf: bytearray, fill: int) -> None:
+        """Append ``buf[:fill]`` to the partial, hand it to the hash, keep the pace."""
+        self._write(self._wfd, memoryview(buf)[:fill])
+        hasher.submit(buf, fill)
+        self.pos += fill
+        if self._flush is not None and self.pos - self._flushed >= WRITEBACK:
+            self._flush(self._wfd, self._flushed, self.pos - self._flushed)  # the fsync finds little left
+            self._flushed = self.pos
+        if self.pos - self._reported >= PROGRESS_EVERY:
+            self.on_progress(self.pos)
+            self._reported = self.pos
+        if self.rate:
+            ahead = (self.pos - self.start) / self.rate - (time.monotonic() - self._t0)
+            if ahead > 0:
+                time.sleep(ahead)
 
     def _after_mark(self, data: bytes) -> Optional[bytes]:
         """The payload part of ``data`` once the marker has been seen, else None (noise kept)."""
@@ -187,3 +204,37 @@ class _Receiver:
                 done += os.write(wfd, block[done:])
             except OSError as exc:
                 raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None
+
+
+class _HashThread:
+    """SHA-256 on a second thread (hashlib lets go of the GIL for blocks this size): block k is
+    hashed while block k+1 is read and written. Buffers cycle through a free list, so a block
+    is never refilled before it is hashed, and blocks are hashed in the order they came."""
+
+    def __init__(self, h, buffers: int = 4):
+        self.h = h
+        self.free: "queue.Queue[bytearray]" = queue.Queue()
+        for _ in range(buffers):
+            self.free.put(bytearray(CHUNK))
+        self.work: "queue.Queue[Optional[tuple[bytearray, int]]]" = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="gpurun-stream-hash", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.work.get()
+            if item is None:
+                return
+            buf, n = item
+            self.h.update(memoryview(buf)[:n])
+            self.free.put(buf)
+
+    def buffer(self) -> bytearray:
+        return self.free.get()
+
+    def submit(self, buf: bytearray, n: int) -> None:
+        self.work.put((buf, n))
+
+    def close(self) -> None:
+        self.work.put(None)
+        self.thread.join()

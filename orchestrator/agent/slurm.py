@@ -41,10 +41,6 @@ ARRAY_MAX = 1000  # tasks per array (Slurm's MaxArraySize is 1001 by default)
 _PER_JOB = ("--job-name=", "--output=", "--chdir=")  # the options an array sets for all its tasks
 
 
-def is_slurm(config: Dict[str, Any]) -> bool:
-    return (config or {}).get("scheduler") == "slurm"
-
-
 def write_json(path: str, obj: Any, sync: bool = True) -> None:
     """Whole or absent: a temp file, fsync, rename (a reader on another node sees one or the other)."""
     tmp = "%s.%d.tmp" % (path, os.getpid())
@@ -277,7 +273,7 @@ def remember_options(run_dir: str, line_opts: Dict[str, str]) -> None:
     path = os.path.join(run_dir, SPEC)
     spec = read_json(path) or {}
     spec["slurm"] = dict(line_opts or {})
-    write_json(path, spec)
+    write_json(path, spec, sync=False)  # read back by this login node's next sbatch
 
 
 def cancel(ids: List[str]) -> Tuple[bool, str]:

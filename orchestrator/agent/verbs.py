@@ -255,7 +255,13 @@ def v_release(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
             refused.append({"id": jid, "state": now["state"] if now else None,
                             "reason": "it is %s here" % (now["state"] if now else "gone")})
             continue
-        released.append(_spec(job))
+        spec = _spec(job)
+        if ctx.config.get("scheduler") == "slurm":  # its queue line's sbatch options go with it
+            from orchestrator.agent.slurm import SPEC, read_json
+            opts = (read_json(os.path.join(job["run_dir"], SPEC)) or {}).get("slurm")
+            if opts:
+                spec["slurm"] = opts
+        released.append(spec)
     return {"released": released, "refused": refused}
 
 

@@ -178,7 +178,8 @@ def test_fleet_release_takes_back_only_what_slurm_has_not_started(slurm_ssh_host
 
     q = tmp_path / "q.txt"
     # the node runs two 1-CPU jobs at once: a third pends behind them
-    q.write_text("".join("[name=r%d gpus=0] echo ran-%d >> ran.txt; sleep 20\n" % (i, i) for i in range(3)))
+    q.write_text("".join("[name=r%d gpus=0 partition=debug] echo ran-%d >> ran.txt; sleep 20\n" % (i, i)
+                         for i in range(3)))
     assert gpurun("queue", "submit", str(q), "--host", "cluster").returncode == 0
     running = wait_for("two running", lambda: (lambda js: js if sum(
         j["state"] == "running" for j in js.values()) == 2 else None)(jobs()), 120)
@@ -186,6 +187,7 @@ def test_fleet_release_takes_back_only_what_slurm_has_not_started(slurm_ssh_host
     with open_session("cluster") as s:
         res = s.release([j["id"] for j in running.values()], "elsewhere")
     assert [r["id"] for r in res["released"]] == [pending["id"]]
+    assert res["released"][0]["slurm"] == {"partition": "debug"}  # its queue line's options go with it
     assert sorted(r["id"] for r in res["refused"]) == sorted(j["id"] for j in running.values() if j is not pending)
     assert slurm_cluster.wait_state(pending["backend_id"], {"CANCELLED"}, timeout=30) == "CANCELLED"
     after = jobs()

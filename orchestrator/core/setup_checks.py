@@ -160,7 +160,12 @@ def analyse(probe: dict, profile: Profile, host: dict, lay: dict) -> dict:
 
     refusal = None
     sd = measured.get(lay["state_dir"]) or {}
-    if sd.get("network_fs"):
+    if sd.get("network_fs") and d.get("kind") == "slurm":
+        # a cluster's shared home: the compute nodes write the run dirs, and only this login
+        # node opens the store (profile_schema.check_state_dir)
+        check("state dir", "ok", f"{lay['state_dir']} on {sd['fstype']} at {sd['mount']}, shared with the "
+              "compute nodes (use this one login node for gpurun)")
+    elif sd.get("network_fs"):
         refusal = {
             "message": f"state dir {lay['state_dir']} is on a network filesystem "
                        f"({sd['fstype']} mounted at {sd['mount']}), where SQLite locking breaks",

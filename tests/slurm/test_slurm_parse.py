@@ -126,3 +126,22 @@ def test_host_add_slurm_keys_are_checked_and_kept(isolated_home: Path) -> None:
 def test_only_gpurun_jobs_are_read_from_squeue() -> None:
     text = "7|RUNNING|None|gpurun-lr3\n8|PENDING|Priority|my-own-job\n9_2|PENDING|None|gpurun-a+19\n"
     assert slurm.parse_squeue(text) == {"7": ("RUNNING", "None"), "9_2": ("PENDING", "None")}
+
+
+def test_setup_accepts_a_clusters_shared_home_for_a_slurm_host(isolated_home: Path) -> None:
+    """The same probe that refuses an NFS state dir on a lab box passes on a Slurm host, whose
+    compute nodes must share it (only the login node opens the store)."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+    from test_setup import checks_of, path_row, probe_doc  # the setup tests' probe doc
+
+    from orchestrator.core.setup_checks import analyse
+    from orchestrator.profiles import load_profile
+
+    doc = probe_doc(paths=[path_row("~/.gpurun/state", "/data/shared/home")], nvidia_smi=None)
+    lab = analyse(doc, load_profile("generic-ssh"), {"name": "lab"}, {"state_dir": "~/.gpurun/state"})
+    assert lab["refusal"]
+    hpc = analyse(doc, load_profile("slurm"), {"name": "hpc"}, {"state_dir": "~/.gpurun/state"})
+    assert not hpc["refusal"] and checks_of(hpc)["state dir"]["status"] == "ok"
+    assert "shared with the compute nodes" in checks_of(hpc)["state dir"]["detail"]

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rigs.agents import gpurun
+from rigs.fleet import box_entry
 from rigs.sshd import CLEAN_USER, SshdRig, _ensure_user, sshd_available
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -38,15 +38,7 @@ def rigs():
 
 
 def _box(rig: SshdRig, user: str, name: str, **more: object) -> dict:
-    pw = pwd.getpwnam(user)
-    root = Path(pw.pw_dir) / f"gpurun-f3-{rig.run_id}-{name}-{time.monotonic_ns()}"
-    (root / "work").mkdir(parents=True)
-    for p in (root, root / "work"):
-        os.chown(p, pw.pw_uid, pw.pw_gid)
-    rig._made.append(root)
-    return {"name": name, "profile": "generic-ssh", "kind": "ssh",
-            "ssh": {"user": user, "hostname": "127.0.0.1", "port": rig.port, "key": str(rig.client_key)},
-            "state_dir": str(root / "state"), "workdir": str(root / "work"), **more}
+    return box_entry(rig, user, name, label="f3", **more)
 
 
 @pytest.fixture

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from rigs.agents import gpurun, kill_agents_under
-from rigs.sshd import SshdRig, _ensure_user, sshd_available
+from rigs.fleet import box_entry, shared_dir
+from rigs.fleet import boxes as start_boxes
+from rigs.sshd import SshdRig
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -32,42 +32,19 @@ NAMES = ("box0", "box1", "box2")
 
 @pytest.fixture(scope="module")
 def rigs():
-    why = sshd_available()
-    if why:
-        pytest.skip(why)
-    if os.geteuid() != 0:
-        pytest.skip("three boxes as three unix users need root to create them")
-    for u in USERS:
-        _ensure_user(u, noisy=False)
-    rigs = [SshdRig() for _ in USERS]
-    for r in rigs:
-        r.start()
-    yield rigs
-    for r in rigs:
-        r.close()
+    with start_boxes(USERS) as rigs:
+        yield rigs
 
 
 def _box(rig: SshdRig, user: str, name: str, slots: int) -> dict:
-    pw = pwd.getpwnam(user)
-    root = Path(pw.pw_dir) / f"gpurun-f2-{rig.run_id}-{name}-{time.monotonic_ns()}"
-    (root / "work").mkdir(parents=True)
-    for p in (root, root / "work"):
-        os.chown(p, pw.pw_uid, pw.pw_gid)
-    rig._made.append(root)
-    return {"name": name, "profile": "generic-ssh", "kind": "ssh", "slots": slots,
-            "ssh": {"user": user, "hostname": "127.0.0.1", "port": rig.port, "key": str(rig.client_key)},
-            "state_dir": str(root / "state"), "workdir": str(root / "work")}
+    return box_entry(rig, user, name, label="f2", slots=slots)
 
 
 @pytest.fixture
 def runs():
     """A directory every box user can append to: one ``<job>.runs`` file per job."""
-    d = Path(tempfile.mkdtemp(prefix="gpurun-f2-runs-"))
-    os.chmod(d, 0o1777)
-    yield d
-    for f in d.iterdir():
-        f.unlink()
-    d.rmdir()
+    with shared_dir("gpurun-f2-runs-") as d:
+        yield d
 
 
 def make_fleet(rigs, slots: tuple[int, int, int]) -> dict[str, dict]:

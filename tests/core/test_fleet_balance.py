@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from rigs.agents import gpurun, kill_agents_under
-from rigs.fleet import box_entry, shared_dir
+from rigs.fleet import box_entry, shared_dir, shared_files
 from rigs.fleet import boxes as start_boxes
 from rigs.sshd import SshdRig
 
@@ -103,10 +103,12 @@ def every_row() -> dict[str, list[dict]]:
 
 
 def quick(runs: Path, name: str, sleep: float = 0.1) -> str:
+    shared_files(runs, [f"{name}.runs"])   # made here: a second box's user can append to it
     return f"[name={name}] echo $(id -un) >> {runs}/{name}.runs; sleep {sleep}"
 
 
 def blocker(runs: Path, gate: Path, name: str = "blocker") -> str:
+    shared_files(runs, [f"{name}.runs"])
     return f"[name={name}] echo $(id -un) >> {runs}/{name}.runs; while [ ! -e {gate} ]; do sleep 0.05; done"
 
 

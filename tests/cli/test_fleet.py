@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -242,3 +243,53 @@ def test_wait_over_a_fleet_keeps_the_exit_codes(home: Path, tmp_path: Path):
     assert doc["fleet"] == "solo" and [h["host"] for h in doc["hosts"]] == ["local"]
     got = {j["name"]: (j["state"], j["exit_code"]) for j in doc["hosts"][0]["jobs"]}
     assert got == {"ok": ("succeeded", 0), "bad": ("failed", 3)}
+
+
+THIRD_USER = "gpurun-f1c"  # a third box's unix user (the rig makes the clean and noisy ones)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_twelve_jobs_over_three_boxes_spread_by_capacity(sshd: SshdRig, home: Path, tmp_path: Path):
+    """The issue's fleet: 12 jobs over three boxes (three unix users) with 1, 2 and 3 slots go
+    2, 4 and 6, and every job runs exactly once."""
+    import pwd
+
+    from orchestrator import hosts, paths
+    from rigs.sshd import _ensure_user
+    if os.geteuid() != 0:
+        pytest.skip("three boxes as three unix users need root to create the users")
+    _ensure_user(THIRD_USER, noisy=False)
+    third = pwd.getpwnam(THIRD_USER)
+    root = Path(third.pw_dir) / f"gpurun-f1-{sshd.run_id}-{tmp_path.name}"
+    (root / "work").mkdir(parents=True)
+    for p in (root, root / "work"):
+        os.chown(p, third.pw_uid, third.pw_gid)
+    sshd._made.append(root)
+    boxes = {"box-a": dict(sshd.host_entry(CLEAN_USER, name="box-a"), slots=1),
+             "box-b": dict(sshd.host_entry(NOISY_USER, name="box-b"), slots=2),
+             "box-c": {"name": "box-c", "profile": "generic-ssh", "kind": "ssh", "slots": 3,
+                       "ssh": {"user": THIRD_USER, "hostname": "127.0.0.1", "port": sshd.port,
+                               "key": str(sshd.client_key)},
+                       "state_dir": str(root / "state"), "workdir": str(root / "work")}}
+    sshd.trust(paths.data_home() / "known_hosts")
+    for e in boxes.values():
+        hosts.add_host(e)
+    shared = Path(tempfile.mkdtemp(prefix="gpurun-fleet3-"))
+    os.chmod(shared, 0o777)
+    (shared / "ran").touch()
+    os.chmod(shared / "ran", 0o666)   # every box's user appends to it
+    try:
+        assert gpurun("fleet", "add", "gpu3", *boxes).returncode == 0
+        queue = tmp_path / "sweep.txt"
+        queue.write_text("".join(f"[name=run{i}] echo run{i} >> {shared}/ran\n" for i in range(12)))
+        res = gpurun("queue", "submit", str(queue), "--fleet", "gpu3", "--wait", "--json", timeout=240)
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        doc = json.loads(res.stdout)
+        assert {h["host"]: len(h["jobs"]) for h in doc["hosts"]} == {"box-a": 2, "box-b": 4, "box-c": 6}
+        assert all(j["state"] == "succeeded" for h in doc["hosts"] for j in h["jobs"])
+        assert sorted((shared / "ran").read_text().split()) == sorted(f"run{i}" for i in range(12))
+    finally:
+        for name in boxes:
+            gpurun("agent", "stop", "--host", name, "--yes", timeout=60)
+        shutil.rmtree(shared, ignore_errors=True)

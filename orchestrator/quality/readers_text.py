@@ -12,10 +12,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
-from orchestrator.quality.steps import (BAR_EPOCH_IN, EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
+from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
-                                        BatchCounter, context_line, epoch_step)
-from orchestrator.quality.tables import TABLE_HEAD, Table, abort_record, table_head
+                                        BatchCounter, context_line, epoch_step, has_epoch_bar)
+from orchestrator.quality.tables import Table, abort_record, has_table_head, table_head
 
 # a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
 _NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|Infinity|infinity))"
@@ -344,7 +344,7 @@ class LineSource:
     def _slow(self, text: str, run: Run) -> None:
         from orchestrator.quality.bars import bar_count  # bars imports this module
         if (self.parser.user_re is None and len(text) >= 4096 and self.parser.table is None
-                and not TABLE_HEAD.search(text) and not BAR_EPOCH_IN.search(text)):
+                and not has_table_head(text) and not has_epoch_bar(text)):
             if self.scan is None:
                 from orchestrator.quality.linescan import OrderedScan
                 self.scan = OrderedScan(self.parser)

@@ -135,7 +135,12 @@ EPOCH_ITER = re.compile(r"\[\s*(\d+)\]\s*\[\s*(\d+)/(\d+)\]")
 # a tqdm bar whose description names the epoch ("Epoch 8: 100%|...| 266/266 [", Lightning's
 # "Epoch 0:  50%|"): its count restarts every epoch, the global step is (epoch, count)
 BAR_EPOCH = re.compile(r"\s*[Ee]poch\s+(\d+)(?:/(\d+))?\s*:\s+\d+%\|")
-BAR_EPOCH_IN = re.compile(r"[Ee]poch\s+\d+(?:/\d+)?\s*:\s+\d+%\|")  # one in a chunk: no literal-free scan
+_BAR_EPOCH_IN = tuple(re.compile(w + r"\s+\d+(?:/\d+)?\s*:\s+\d+%\|") for w in ("Epoch", "epoch"))
+
+
+def has_epoch_bar(text: str) -> bool:
+    """True when ``text`` holds a bar named by its epoch (literal-led searches: C speed)."""
+    return "%|" in text and any(rx.search(text) for rx in _BAR_EPOCH_IN)
 ITER_OF = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)/(\d+)\]")  # mmengine, iteration-based: Iter(train) [ 50/90000]
 # PyTorch examples/word_language_model: "| epoch   3 |   200/ 2983 batches | lr 20.00 | ... | loss  5.80"
 EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\b")

@@ -24,7 +24,7 @@ from orchestrator.quality.series import SYNONYMS, role_of
 from orchestrator.quality.steps import TQDM_STEP, epoch_step
 
 _COL = re.compile(r"[A-Za-z_][\w()/.\-@]*\Z")
-_STEP_COLS = frozenset({"epoch", "step", "iter", "iteration"})
+_STEP_COLS = frozenset({"epoch"})  # every table seen so far leads with its epoch
 # YOLOv5/v7 name their loss columns by the head alone ("box obj cls total"); the GPU_mem column
 # says the table is theirs, so only then are these names read as losses
 _YOLO = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss", "giou": "giou_loss",
@@ -32,9 +32,11 @@ _YOLO = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss
 _NOT_METRIC = frozenset({"gpu_mem", "instances", "labels", "size", "img_size", "time", "targets"})
 _E_OF_N = re.compile(r"(\d+)/(\d+)\Z")
 _LOSS_ROLES = ("loss", "val_loss", "eval_loss")
-# a header line anywhere in a chunk: the ordered scan (``linescan``) reads bars as bars, so a
-# chunk with a table in it is read line by line
-TABLE_HEAD = re.compile(r"(?m)^[ \t]*(?:[Ee]poch|[Ss]tep|[Ii]ter)(?:[ \t]+[A-Za-z_][\w()/.\-@]*){3,}[ \t]*\r?$")
+# a header line anywhere in a chunk (``has_table_head``): the ordered scan (``linescan``) reads
+# bars as bars, so a chunk with a table in it is read line by line. One literal-led pattern per
+# first word: the regex engine then skips between occurrences of the word at C speed
+_HEADS = tuple(re.compile(w + r"(?:[ \t]+[A-Za-z_][\w()/.\-@]*){3,}[ \t]*\r?$", re.MULTILINE)
+               for w in ("Epoch", "epoch"))
 
 ABORT_SERIES = "nonfinite_abort"
 ABORT = re.compile(r"\bloss (?:is|became|was) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?)\b",
@@ -104,8 +106,8 @@ class Table:
 
 
 def table_head(line: str) -> Optional[Table]:
-    """A ``Table`` for a header line (4+ distinct names, the first a step or epoch column, one
-    of them a loss), else None."""
+    """A ``Table`` for a header line (4+ distinct names, the first the epoch column, one of them
+    a loss), else None."""
     toks = line.split()
     if len(toks) < 4 or toks[0].lower() not in _STEP_COLS or len(set(toks)) != len(toks):
         return None
@@ -118,6 +120,16 @@ def table_head(line: str) -> Optional[Table]:
     if not any((role_of(t) or ("",))[0] in _LOSS_ROLES for t in names[1:] if t not in _NOT_METRIC):
         return None
     return Table(names)
+
+
+def has_table_head(text: str) -> bool:
+    """True when a line of ``text`` could be a table header (``table_head`` decides for real)."""
+    for rx in _HEADS:
+        for m in rx.finditer(text):
+            i = m.start()
+            if not text[text.rfind("\n", 0, i) + 1:i].strip(" \t"):
+                return True
+    return False
 
 
 def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:

@@ -65,6 +65,32 @@ def test_unfinished_job_needs_the_provider_to_say_the_box_is_down(isolated_home,
     assert assess_offline({"name": HOST}, dest, "refused", "running").ok
 
 
+def test_a_job_moved_off_the_box_counts_with_its_pull_from_where_it_went(isolated_home, tmp_path):
+    """A fleet's lost member (or `recover`): the job ran on at its new host and was pulled from
+    there; that verified pull is its home copy, so the dead box does not wait for it forever."""
+    dest = tmp_path / "dest"
+    seen([{"id": "j1", "seq": 1, "state": "running"}])
+    snapshot.mark_moved(HOST, ["j1"], "box-b")
+    a = assess_offline({"name": HOST}, dest, "refused", None)
+    assert not a.ok and a.missing == ["j1: no verified pull at home"]
+
+    ck = tmp_path / "box-b" / "ckpt"
+    ck.mkdir(parents=True)
+    (ck / "w.bin").write_bytes(b"moved" * 1000)
+    job = {"id": "j1", "name": "j1", "state": "succeeded", "run_dir": str(tmp_path / "box-b" / "run"),
+           "checkpoints": str(ck)}
+    man = build_manifest(str(tmp_path / "state-b"), [job], settle_s=0)["jobs"][0]
+    assert pull_job(man, dest / "box-b" / "j1", LocalFetcher(), KeepPolicy(), host="box-b").verified
+    a = assess_offline({"name": HOST}, dest, "refused", None)
+    assert a.ok and a.files == 1 and a.jobs[0]["dir"] == str(dest / "box-b" / "j1")
+    assert a.jobs[0]["moved_to"] == "box-b" and a.jobs[0]["state"] == "succeeded"
+
+    # a copy at home that changed since its pull vouches for nothing, wherever it lies
+    blob = dest / "box-b" / "j1" / "checkpoints" / "w.bin"
+    blob.write_bytes(b"X" + blob.read_bytes()[1:])
+    assert not assess_offline({"name": HOST}, dest, "refused", None).ok
+
+
 def test_finished_job_needs_a_pull_made_after_it_finished(isolated_home, tmp_path):
     dest = tmp_path / "dest"
     pull(tmp_path, dest, "j1", "running")

@@ -176,12 +176,11 @@ def level_shift(run: Run, opts: dict) -> List[Finding]:
 
 def _plateau_before_dip(levels: List[float], smooth: List[float], at: int, k: int, best: float,
                         warn_at: float) -> Optional[float]:
-    """The level of a flat stretch the run held before a short dip to its best, when every
-    block since the dip sits at or under it: a per-step loss that spread over decades (a
-    classifier fine-tune at 1e-3..0.3) dipped for a few blocks and came back to where it had
-    been for longer than the dip lasted. That is the run's level, not a jump above it. None
-    when the stretch before was a descent, was shorter than twice the dip, or the blocks since
-    the dip sit above it (their median, past the warn line)."""
+    """The level of a flat stretch the run held before a short dip to its best, when the blocks
+    since the dip sit (their median) within the warn line of it: a per-step loss spread over
+    decades (a classifier fine-tune at 1e-3..0.3) dipped for a few blocks and came back to
+    where it had been for longer than the dip lasted. That is the run's level, not a jump
+    above it. None when the stretch before was a descent or shorter than twice the dip."""
     j0 = at
     while j0 > 0 and smooth[j0 - 1] - best <= warn_at:
         j0 -= 1  # where the dip began: the first block near the best level

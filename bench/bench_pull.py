@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from rigs.sshd import CLEAN_USER, SshdRig  # noqa: E402
 
+from orchestrator.sync import engine  # noqa: E402
 from orchestrator.sync.engine import pull_job  # noqa: E402
 from orchestrator.sync.keep import KeepPolicy  # noqa: E402
 from orchestrator.sync.transfer import RsyncFetcher  # noqa: E402
@@ -63,16 +64,14 @@ def job_for(path: Path, digest: str) -> dict:
                        "unit": "model.bin", "size": st.st_size, "mtime": st.st_mtime, "sha256": digest}]}
 
 
-def cpu_seconds(rig: SshdRig) -> float:
-    """CPU used so far by this process, its reaped children (rsync, ssh) and the rig's sshd
-    with the sessions it reaped (sshd, the box's rsync or cat): both ends of the link. On a
-    loaded machine the wall time swings with other work; this does much less."""
+def cpu_seconds() -> float:
+    """CPU used so far at home: this process (gpurun's pull, its hash) and its reaped children
+    (rsync, ssh). The box's side (sshd, its rsync or cat) is not counted: the rig's sshd
+    reaps its sessions without charging them to itself. On a loaded machine the wall time
+    swings with other work; this much less."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(f"/proc/{rig.proc.pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + ticks / os.sysconf("SC_CLK_TCK")
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def drop_local(dest: Path) -> None:
@@ -150,10 +149,25 @@ def main() -> None:
                 os.fsync(fd)
                 os.close(fd)
 
+        fsync_s: list[float] = []  # time the engine spent in fsync, per pull of the new way
+        real_fsync = engine._fsync_path
+
+        def timed_fsync(path: Path) -> None:
+            t = time.monotonic()
+            real_fsync(path)
+            fsync_s[-1] += time.monotonic() - t
+
         def gpurun_pull(stream: bool) -> None:
             drop_local(work / "ours")
             fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, stream=stream)
-            res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
+            fsync_s.append(0.0)
+            engine._fsync_path = timed_fsync
+            try:
+                res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
+            finally:
+                engine._fsync_path = real_fsync
+            if not stream:
+                fsync_s.pop()
             assert res.verified, res.as_dict()
 
         runs = {  # label -> what it runs; interleaved in every round
@@ -169,21 +183,22 @@ def main() -> None:
         for _ in range(args.rounds):
             for label, fn in runs.items():
                 subprocess.run(["sync"], check=True)  # the previous run's writeback is not this one's
-                c = cpu_seconds(rig)
+                c = cpu_seconds()
                 t = time.monotonic()
                 fn()
                 wall[label].append(time.monotonic() - t)
-                time.sleep(0.3)  # let sshd reap the session, so its CPU is counted
-                cpu[label].append(cpu_seconds(rig) - c)
+                cpu[label].append(cpu_seconds() - c)
         load1 = os.getloadavg()
         med = {k: statistics.median(v) for k, v in wall.items()}
         print(f"pull {args.gb:g} GiB over loopback SSH, median of {args.rounds} interleaved rounds "
-              f"(load {load0[0]:.2f} before, {load1[0]:.2f} after; {os.cpu_count()} CPUs); CPU: both ends, "
-              "all processes:")
+              f"(load {load0[0]:.2f} before, {load1[0]:.2f} after; {os.cpu_count()} CPUs); CPU: at home "
+              "(gpurun, rsync, ssh):")
         for label in runs:
             print(f"  {label} : {med[label]:6.2f} s  {size / med[label] / 1e6:7.1f} MB/s  "
                   f"CPU {statistics.median(cpu[label]):5.2f} s")
         p, q, d, o, b = med.values()
+        print(f"  of the gpurun pull, fsync before the rename (the VM's disk flush): median "
+              f"{statistics.median(fsync_s):.2f} s, range {min(fsync_s):.2f}-{max(fsync_s):.2f} s")
         print(f"  ratio (rsync time / gpurun time, 1.0 = as fast): {q / o:.2f} of rsync with the same "
               f"ciphers ({q / b:.2f} before), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
         labels = list(runs)

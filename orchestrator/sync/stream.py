@@ -1,13 +1,12 @@
 """Large files over SSH as one byte stream: received, hashed and written in a single pass.
 
-Why not rsync for them: on a box where ssh and sshd already keep the CPUs busy, rsync's own
-machinery (sender, generator and receiver processes, a whole-file checksum on each side) plus
-a reader that hashed the growing partial a second time cost about 1.5 CPU-seconds per GB
-more than the link itself, which put a verified pull at ~0.8 of plain rsync (docs/BENCHMARKS.md).
-Here the box runs ``cat`` (``tail -c +N`` to resume from byte N) under the login shell,
-ssh carries the bytes, and gpurun appends each block to the partial and hands the same
-block to SHA-256. Nothing is read back; the engine still compares the digest with the
-manifest before the rename, exactly as for the other methods.
+Why not rsync for them: rsync already spends two processes at home and one on the box on
+the bytes, and gpurun then read the growing partial back a second time to hash it; on a
+2-core machine that pull took ~1.3x the time of plain rsync (docs/BENCHMARKS.md, issue 15).
+Here the box runs ``cat`` (``tail -c +N`` to resume from byte N) under the login shell, ssh
+carries the bytes, and gpurun appends each block to the partial while a second thread hashes
+the same block. Nothing is read back; the engine still compares the digest with the manifest
+before the rename, exactly as for the other methods.
 
 A shell that prints on login (a chatty ``.bashrc``) cannot corrupt the stream: the payload
 starts after a marker line the command prints first. A box without ``cat``/``tail`` or a
@@ -25,7 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from orchestrator.errors import TransportError
 from orchestrator.sync.transfer import (
@@ -126,15 +125,14 @@ class _Receiver:
             pass  # the default pipe works, with more reads
         poller = select.poll()
         poller.register(rfd, select.POLLIN | select.POLLHUP)
-        self._flush = _range_flusher()
         self._t0 = time.monotonic()
-        self._flushed = self._reported = self.start
+        self._reported = self.start
         deadline = self._t0 + stall_s
         try:
             self._wfd = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None
-        hasher = _HashThread(self.h)
+        hasher = _HashThread(self.h, self._wfd, self.start, _range_flusher())
         buf, fill = hasher.buffer(), 0
         try:
             while self.pos + fill < self.size:
@@ -173,9 +171,6 @@ class _Receiver:
         self._write(self._wfd, memoryview(buf)[:fill])
         hasher.submit(buf, fill)
         self.pos += fill
-        if self._flush is not None and self.pos - self._flushed >= WRITEBACK:
-            self._flush(self._wfd, self._flushed, self.pos - self._flushed)  # the fsync finds little left
-            self._flushed = self.pos
         if self.pos - self._reported >= PROGRESS_EVERY:
             self.on_progress(self.pos)
             self._reported = self.pos
@@ -209,10 +204,18 @@ class _Receiver:
 class _HashThread:
     """SHA-256 on a second thread (hashlib lets go of the GIL for blocks this size): block k is
     hashed while block k+1 is read and written. Buffers cycle through a free list, so a block
-    is never refilled before it is hashed, and blocks are hashed in the order they came."""
+    is never refilled before it is hashed, and blocks are hashed in the order they came.
 
-    def __init__(self, h, buffers: int = 4):
+    The same thread starts the writeback of every WRITEBACK bytes already written
+    (``sync_file_range``), so the fsync before the rename finds little left to do; it may
+    block while the disk queue is full, and here that stalls the hash, not the reads from ssh."""
+
+    def __init__(self, h, wfd: int, pos: int, flush: Optional[Callable[[int, int, int], object]],
+                 buffers: int = 8):
         self.h = h
+        self.wfd = wfd
+        self.pos = self.flushed = pos
+        self.flush = flush
         self.free: "queue.Queue[bytearray]" = queue.Queue()
         for _ in range(buffers):
             self.free.put(bytearray(CHUNK))
@@ -228,9 +231,18 @@ class _HashThread:
             buf, n = item
             self.h.update(memoryview(buf)[:n])
             self.free.put(buf)
+            self.pos += n
+            if self.flush is not None and self.pos - self.flushed >= WRITEBACK:
+                self.flush(self.wfd, self.flushed, self.pos - self.flushed)
+                self.flushed = self.pos
 
     def buffer(self) -> bytearray:
-        return self.free.get()
+        while True:
+            try:
+                return self.free.get(timeout=1.0)
+            except queue.Empty:
+                if not self.thread.is_alive():  # it never returns its buffers now: say so, never hang
+                    raise RuntimeError("the stream's hashing thread stopped") from None
 
     def submit(self, buf: bytearray, n: int) -> None:
         self.work.put((buf, n))

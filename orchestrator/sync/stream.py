@@ -123,6 +123,7 @@ class _Receiver:
             fcntl.fcntl(rfd, _F_SETPIPE_SZ, PIPE_SIZE)
         except (ImportError, OSError):
             pass  # the default pipe works, with more reads
+        os.set_blocking(rfd, False)
         poller = select.poll()
         poller.register(rfd, select.POLLIN | select.POLLHUP)
         self._t0 = time.monotonic()
@@ -136,17 +137,18 @@ class _Receiver:
         buf, fill = hasher.buffer(), 0
         try:
             while self.pos + fill < self.size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TransportError(f"ssh stream stalled at byte {self.pos + fill}: nothing came "
-                                         f"for {stall_s:.0f} s",
-                                         "run the pull again: it resumes from the bytes already here")
-                if not poller.poll(min(1000, int(left * 1000) + 1)):
-                    if fill:  # a slow link: what did come is written, not held back
-                        self._emit(hasher, buf, fill)
+                try:  # non-blocking: a poll only when the pipe is empty, not before every read
+                    n = os.readv(rfd, [memoryview(buf)[fill:]])
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TransportError(f"ssh stream stalled at byte {self.pos + fill}: nothing "
+                                             f"came for {stall_s:.0f} s",
+                                             "run the pull again: it resumes from the bytes already here")
+                    if not poller.poll(min(1000, int(left * 1000) + 1)) and fill:
+                        self._emit(hasher, buf, fill)  # a slow link: what did come is written now
                         buf, fill = hasher.buffer(), 0
                     continue
-                n = os.readv(rfd, [memoryview(buf)[fill:]])
                 if n == 0:
                     break  # end of stream: the caller reads ssh's exit status
                 deadline = time.monotonic() + stall_s

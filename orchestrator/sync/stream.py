@@ -2,7 +2,7 @@
 
 Why not rsync for them: rsync already spends two processes at home and one on the box on
 the bytes, and gpurun then read the growing partial back a second time to hash it; on a
-2-core machine that pull took ~1.3x the time of plain rsync (docs/BENCHMARKS.md, issue 15).
+2-core machine that pull took 1.3-1.5x the time of plain rsync (docs/BENCHMARKS.md, issue 15).
 Here the box runs ``cat`` (``tail -c +N`` to resume from byte N) under the login shell, ssh
 carries the bytes, and gpurun appends each block to the partial while a second thread hashes
 the same block. Nothing is read back; the engine still compares the digest with the manifest

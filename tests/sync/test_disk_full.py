@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.agent.manifest import build_manifest
 from orchestrator.errors import DiskFull
+from orchestrator.sync import engine
 from orchestrator.sync.engine import pull_job
 from orchestrator.sync.keep import KeepPolicy
 from orchestrator.sync.transfer import LocalFetcher, RsyncFetcher
@@ -52,8 +53,20 @@ def big_job(tmp: Path, mb: int = 3) -> dict:
     return build_manifest(str(tmp / "state"), [job], settle_s=0)["jobs"][0]
 
 
-@pytest.mark.parametrize("make", [LocalFetcher, RsyncFetcher], ids=["local", "rsync"])
-def test_full_disk_is_one_error_and_the_partial_resumes(small_fs: Path, tmp_path: Path, make):
+def stream_fetcher(tmp: Path) -> RsyncFetcher:
+    """The large-file stream (``sync.stream``) through an "ssh" that runs the box's command
+    here with a real shell (and rsync's server argv as it is, should it fall back)."""
+    fake = tmp / "fake-ssh"
+    fake.write_text('#!/bin/sh\nshift\nif [ "$#" -eq 1 ]; then exec sh -c "$1"; fi\nexec "$@"\n')
+    fake.chmod(0o755)
+    return RsyncFetcher([str(fake)], "box", fast_cipher=False)
+
+
+@pytest.mark.parametrize("kind", ["local", "rsync", "stream"])
+def test_full_disk_is_one_error_and_the_partial_resumes(small_fs: Path, tmp_path: Path, kind, monkeypatch):
+    if kind == "stream":
+        monkeypatch.setattr(engine, "BATCH_FILE_MAX", -1)  # model.bin takes the large-file path
+    make = {"local": LocalFetcher, "rsync": RsyncFetcher, "stream": lambda: stream_fetcher(tmp_path)}[kind]
     man = big_job(tmp_path)
     root = small_fs / "h" / "full"
     with pytest.raises(DiskFull) as err:
@@ -67,10 +80,13 @@ def test_full_disk_is_one_error_and_the_partial_resumes(small_fs: Path, tmp_path
     assert not (root / "checkpoints" / "model.bin").exists()   # nothing unverified under its name
     no_tmp_files(small_fs)
     grow(small_fs)
-    res = pull_job(man, root, make(), KeepPolicy(), host="h")
+    fetcher = make()
+    res = pull_job(man, root, fetcher, KeepPolicy(), host="h")
     assert res.verified and not res.failed
-    if make is LocalFetcher:
+    if kind != "rsync":
         assert res.wire_bytes <= (3 << 20) - kept + 100   # resumed, not restarted
+    if kind == "stream":
+        assert fetcher.stream  # it streamed (no fall back to rsync)
     f = next(x for x in man["files"] if x["path"].endswith("model.bin"))
     assert hashlib.sha256((root / f["path"]).read_bytes()).hexdigest() == f["sha256"]
     no_tmp_files(small_fs)

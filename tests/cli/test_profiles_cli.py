@@ -31,7 +31,7 @@ def test_ls_json_contract(home: Path) -> None:
     assert doc["errors"] == []
     rows = {p["name"]: p for p in doc["profiles"]}
     assert set(rows) == {"autodl", "generic-ssh", "lambda", "local", "paperspace", "runpod",
-                         "vastai"}
+                         "slurm", "vastai"}
     assert set(rows["runpod"]) == {
         "name", "kind", "description", "source", "layers", "meter_stop",
         "meter_stop_irreversible", "destroy", "bills_when_stopped", "danger_clocks", "spot",
@@ -90,6 +90,6 @@ def test_a_broken_user_profile_fails_ls_but_lists_the_rest(home: Path) -> None:
     r = gpurun("profiles", "ls", "--json", home=home)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     doc = json.loads(r.stdout)
-    assert "runpod" not in [p["name"] for p in doc["profiles"]] and len(doc["profiles"]) == 6
+    assert "runpod" not in [p["name"] for p in doc["profiles"]] and len(doc["profiles"]) == 7
     assert doc["errors"][0]["name"] == "runpod"
     assert f"{d / 'runpod.yaml'}:3: YAML syntax error" in r.stderr

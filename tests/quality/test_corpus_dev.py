@@ -2,8 +2,8 @@
 shared curves, every file read once and judged on growing prefixes (every prefix of a short
 file, 100 evenly spaced ones of a long file, always the whole file), as the agent's checks see it.
 
-Asserted: no STOP on any judged prefix of a NOT_STOP file; a STOP by the end on >= 94% of the
-STOP files (see RECALL); at most one STOP file stopped before its labelled onset (the PINN log
+Asserted: no STOP on any judged prefix of a NOT_STOP file; a STOP by the end on every STOP
+file but at most MISSES of them; at most one STOP file stopped before its labelled onset (the PINN log
 stuck at 3.8e25 from epoch 0 is labelled onset 50 while its twin at 3.6e23 is labelled 30: the
 absurd-magnitude rule stops both after 31 flat logs). AMBIGUOUS files are judged (nothing may
 crash) but not scored.
@@ -23,8 +23,9 @@ from quality.conftest import CURVES
 DEV = Path(__file__).resolve().parent / "corpus" / "dev"
 SAMPLES = 100
 # two dev STOP files end on a single NaN train loss with no second witness (one Keras epoch
-# line, one iteration of a custom log): "never STOP on one point" leaves them WAIT by design
-RECALL = 0.94
+# line, one iteration of a custom log): "never STOP on one point" leaves them WAIT by design.
+# A count, not a ratio: the same two misses are 94% of 36 with the shared curves, 93.5% of 31 without
+MISSES = 2
 
 
 def _shared() -> bool:
@@ -95,7 +96,7 @@ def test_stop_files_stop(scored):
              if first is not None and first < _onset_step(i, main)]
     print("\nSTOP files: %d/%d stopped; missed %s; before onset %s" % (len(hit), len(stops), missed, early))
     assert len(stops) >= (36 if _shared() else 31)
-    assert len(hit) >= RECALL * len(stops), "recall %d/%d, missed %s" % (len(hit), len(stops), missed)
+    assert len(stops) - len(hit) <= MISSES, "recall %d/%d, missed %s" % (len(hit), len(stops), missed)
     assert len(early) <= 1, "STOPs before the labelled onset: %s" % early
 
 

@@ -216,12 +216,13 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
     rnd = random.Random(int(os.environ.get("GPURUN_CHAOS_SEED", "0")) or None)
     kills, tries, finished, started = 0, 0, 0, time.monotonic()
     argv = [sys.executable, "-m", "orchestrator.cli", "queue", "balance", "--fleet", "f"]
-    while kills < 20 and tries < 60:
+    while kills < 20 and tries < 70:
         tries += 1
         env = dict(os.environ)
         delay = None
-        if rnd.random() < 0.6:
-            env[fleet_balance.CRASH_ENV] = f"{rnd.choice(CRASH_STEPS)}:{rnd.randint(1, 2)}"
+        if rnd.random() < 0.75:
+            # ":2": the second move of a run (mid-batch); a run with one move only never reaches it
+            env[fleet_balance.CRASH_ENV] = f"{rnd.choice(CRASH_STEPS)}:{1 if rnd.random() < 0.7 else 2}"
         else:
             delay = rnd.uniform(0.2, 1.2)   # a balance takes about 1 s here
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -239,6 +240,11 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
         assert not rep.errors and not rep.ran_on_both, rep
         finished += len(rep.finished)
         check_once(ids, finished=False)
+        # the next try must find work to move, or its crash step is never reached (on a quiet
+        # machine the moved jobs of 0.05 s are done by then; under load, wait for them)
+        if any(r["state"] == "queued" for r in rows("box0")):
+            wait_until(lambda: not any(r["state"] in ("queued", "running") for h in ("box1", "box2")
+                                       for r in rows(h)), "box1 and box2 to drain", timeout=20)
     assert kills >= 20, (kills, tries)
     chaos_s = time.monotonic() - started
     print(f"chaos: {kills} kills in {tries} runs, {finished} moves finished after a kill, {chaos_s:.1f} s")
@@ -249,7 +255,7 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
     counts = line_counts(runs, ids)
     assert [n for n, c in counts.items() if c != 1] == [], counts
     assert {"box1", "box2"} <= set(where.values())   # the kills did not stop work moving
-    assert chaos_s < 90, chaos_s
+    assert chaos_s < 120, chaos_s
 
 
 def test_a_lost_box_queue_runs_on_the_others_and_its_copies_are_released(fleet_of, rigs, runs: Path,

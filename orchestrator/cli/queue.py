@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,8 @@ from orchestrator.cli.render import (STATE_STYLE, console, emit_json, iso, json_
                                       plain_job_lines, stdout_is_tty)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from orchestrator.core.queue import Job
 
 HOST_OPT = host_option()
@@ -72,21 +74,7 @@ def submit(file: str, host: tuple[str, ...], fleet: str | None, wait: bool, star
         if not wait:
             return
 
-        shown: list[str] = []
-
-        def show(rows: list[Job]) -> None:
-            if as_json:
-                return
-            counts: dict[str, int] = {}
-            for r in rows:
-                counts[r["state"]] = counts.get(r["state"], 0) + 1
-            stops = sum(1 for r in rows if (r.get("quality") or {}).get("verdict") == "STOP")
-            line = "  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items())) \
-                + (f"  [bold red]judged STOP[/] {stops}" if stops else "")
-            if shown[-1:] != [line]:  # a new verdict that changes no count prints nothing
-                shown.append(line)
-                err.print(line)
-
+        show = _progress(err, as_json)
         on_interrupt(f"stopped waiting; the jobs keep running on {res.host} "
                      f"(see `gpurun queue status --host {res.host}`)")
         final = core.wait_for(s, res.ids, on_change=show)
@@ -94,19 +82,45 @@ def submit(file: str, host: tuple[str, ...], fleet: str | None, wait: bool, star
         emit_json({"host": res.host, "jobs": [json_job(j) for j in final]})
     else:
         render_table(res.host, final)
-    stopped = [j for j in final if core.judged_stop(j)]
+    _exit_after_wait([(res.host, j) for j in final], err, as_json)
+
+
+def _progress(err: Any, as_json: bool) -> Callable[[list[Job]], None]:
+    """``--wait``'s progress: a line of state counts (and of jobs judged STOP) when they change."""
+    shown: list[str] = []
+
+    def show(rows: list[Job]) -> None:
+        if as_json:
+            return
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        stops = sum(1 for r in rows if (r.get("quality") or {}).get("verdict") == "STOP")
+        line = "  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items())) \
+            + (f"  [bold red]judged STOP[/] {stops}" if stops else "")
+        if shown[-1:] != [line]:  # a new verdict that changes no count prints nothing
+            shown.append(line)
+            err.print(line)
+    return show
+
+
+def _exit_after_wait(jobs: list[tuple[str, Job]], err: Any, as_json: bool) -> None:
+    """``--wait``'s exit: 12 when any job was judged STOP, else 1 when any did not succeed."""
+    from orchestrator.core.queue import judged_stop
+    stopped = [(h, j) for h, j in jobs if judged_stop(j)]
     if stopped:
         # a diverged run may well exit 0: the verdict, not the exit code, is what a pipeline must see
         from orchestrator.errors import CLI_CODES
         if not as_json:
             from rich.markup import escape
+            host, first = stopped[0]
             err.print(f"[bold red]quality STOP[/]: {len(stopped)} job(s) judged STOP by the training-quality "
-                      f"check: {escape(', '.join(j['name'] for j in stopped))}", soft_wrap=True)
-            err.print(f"  hint: see why with `gpurun check --job {stopped[0]['name']}"
-                      f"{'' if res.host == 'local' else ' --host ' + res.host}` (evidence under its run dir's "
+                      f"check: {escape(', '.join(j['name'] for _, j in stopped))}", soft_wrap=True)
+            err.print(f"  hint: see why with `gpurun check --job {first['name']}"
+                      f"{'' if host == 'local' else ' --host ' + host}` (evidence under its run dir's "
                       f"quality/); exit code {CLI_CODES['quality_stop'][1]}", soft_wrap=True, markup=False)
         sys.exit(CLI_CODES["quality_stop"][1])
-    if any(j["state"] != "succeeded" for j in final):
+    if any(j["state"] != "succeeded" for _, j in jobs):
         sys.exit(1)
 
 
@@ -115,7 +129,6 @@ def _submit_fleet(file: str, fleet: str | None, hosts: tuple[str, ...], *, wait:
     """``queue submit`` over a fleet (``--fleet NAME`` or several ``--host``): placed by free
     capacity, one submit per host in parallel; ``--wait`` waits on every host, same exit codes."""
     from orchestrator.core import fleet as core
-    from orchestrator.core import queue as cq
     err = console(stderr=True)
     notes: list[str] = []
     members = core.members(fleet, hosts, notes)
@@ -135,19 +148,7 @@ def _submit_fleet(file: str, fleet: str | None, hosts: tuple[str, ...], *, wait:
         err.print(msg, markup=False, highlight=False)
     if not wait:
         return
-    shown: list[str] = []
-
-    def show(rows: list[Job]) -> None:
-        if as_json:
-            return
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-        line = "  " + "  ".join(f"[{STATE_STYLE.get(k, '')}]{k}[/] {v}" for k, v in sorted(counts.items()))
-        if shown[-1:] != [line]:
-            shown.append(line)
-            err.print(line)
-
+    show = _progress(err, as_json)
     on_interrupt(f"stopped waiting; the jobs keep running on the hosts of {where} "
                  f"(see `gpurun queue status --host HOST`)")
     final = core.wait_fleet(res.results, on_change=show)
@@ -157,16 +158,7 @@ def _submit_fleet(file: str, fleet: str | None, hosts: tuple[str, ...], *, wait:
     else:
         for h in sorted(final):
             render_table(h, final[h])
-    jobs = [j for h in sorted(final) for j in final[h]]
-    stopped = [j for j in jobs if cq.judged_stop(j)]
-    if stopped:
-        from orchestrator.errors import CLI_CODES
-        if not as_json:
-            err.print(f"[bold red]quality STOP[/]: {len(stopped)} job(s) judged STOP by the training-quality "
-                      f"check: {escape(', '.join(j['name'] for j in stopped))}", soft_wrap=True)
-        sys.exit(CLI_CODES["quality_stop"][1])
-    if any(j["state"] != "succeeded" for j in jobs):
-        sys.exit(1)
+    _exit_after_wait([(h, j) for h in sorted(final) for j in final[h]], err, as_json)
 
 
 def render_table(host: str, jobs: list[Job], slots: int | None = None) -> None:

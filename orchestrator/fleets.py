@@ -72,22 +72,13 @@ def check_fleets(data: Any, src: str, text: str = "") -> dict[str, dict]:
 
 def _read_file() -> dict:
     """fleets.json parsed and checked; ``{"fleets": {}}`` when absent."""
-    from orchestrator.inputfile import read_text
+    from orchestrator.inputfile import read_json
 
     src = _file()
-    try:
-        text = read_text(src, MAX_FLEETS_BYTES, error=FleetError, what="fleet inventory (fleets.json)")
-    except FileNotFoundError:
+    got = read_json(src, MAX_FLEETS_BYTES, error=FleetError, what="fleet inventory (fleets.json)", fix=_FIX)
+    if got is None:
         return {"fleets": {}}
-    except IsADirectoryError:
-        raise FleetError(f"{src}: is a directory, not the fleet inventory", "move it away") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise FleetError(f"{src}{where}: not valid JSON ({getattr(exc, 'msg', exc)})", _FIX) from None
-    except RecursionError:
-        raise FleetError(f"{src}: JSON nested too deeply", _FIX) from None
+    data, text = got
     check_fleets(data, src, text)
     return data
 

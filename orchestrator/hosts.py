@@ -233,22 +233,13 @@ def check_inventory(data: Any, src: str, text: str = "") -> dict[str, dict]:
 
 def _read_file() -> dict:
     """hosts.json parsed and checked; ``{"hosts": {}}`` when absent."""
-    from orchestrator.inputfile import read_text
+    from orchestrator.inputfile import read_json
 
     src = _file()
-    try:
-        text = read_text(src, MAX_INVENTORY_BYTES, error=HostError, what="host inventory (hosts.json)")
-    except FileNotFoundError:
+    got = read_json(src, MAX_INVENTORY_BYTES, error=HostError, what="host inventory (hosts.json)", fix=_FIX)
+    if got is None:
         return {"hosts": {}}
-    except IsADirectoryError:
-        raise HostError(f"{src}: is a directory, not the host inventory", "move it away") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise HostError(f"{src}{where}: not valid JSON ({getattr(exc, 'msg', exc)})", _FIX) from None
-    except RecursionError:
-        raise HostError(f"{src}: JSON nested too deeply", _FIX) from None
+    data, text = got
     check_inventory(data, src, text)
     return data
 

@@ -7,9 +7,11 @@ through this on every command and in shell completion, so it must stay cheap to 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import BadInput
 
@@ -58,6 +60,25 @@ def read_text(path: str | Path, limit: int, *, error: type[BadInput], what: str)
         line = data[: exc.start].count(b"\n") + 1
         raise error(f"{path}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x})",
                     f"save the {what} as UTF-8") from None
+
+
+def read_json(path: str, limit: int, *, error: type[BadInput], what: str, fix: str) -> tuple[Any, str] | None:
+    """``(data, text)`` of a JSON inventory file (hosts.json, fleets.json) read as ``read_text``
+    reads; None when it does not exist. A directory, bad JSON (its line named) or JSON nested
+    too deeply is ``error`` with ``fix`` as the hint."""
+    try:
+        text = read_text(path, limit, error=error, what=what)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not the {what.split(' (')[0]}", "move it away") from None
+    try:
+        return json.loads(text), text
+    except ValueError as exc:
+        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise error(f"{path}{where}: not valid JSON ({getattr(exc, 'msg', exc)})", fix) from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply", fix) from None
 
 
 def _too_big(path: str | Path, limit: int, error: type[BadInput], what: str) -> BadInput:

@@ -14,16 +14,15 @@ written as well.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import hosts as hostinv
 from orchestrator import paths
 from orchestrator.errors import FleetError
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
 
 MAX_FLEETS_BYTES = 1024 * 1024
 _FIX = "fix fleets.json by hand, or move it away and `gpurun fleet add` the fleets again"
@@ -126,19 +125,9 @@ def get_fleet(name: str, warnings: list[str] | None = None) -> list[str]:
     return kept
 
 
-@contextmanager
-def _locked() -> Iterator[dict]:
-    os.makedirs(os.path.dirname(_file()), exist_ok=True)
-    with open(_file() + ".lock", "w") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
-        data = _read_file()   # a broken file is refused, never replaced by an empty one
-        data.setdefault("fleets", {})
-        yield data
-        check_fleets(data, _file())   # nothing that would be refused on the next read
-        tmp = _file() + f".{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-        os.replace(tmp, _file())
+def _locked() -> AbstractContextManager[dict]:
+    from orchestrator.inputfile import locked_rewrite
+    return locked_rewrite(_file(), _read_file, check_fleets, "fleets")
 
 
 def add_fleet(name: str, hosts: list[str]) -> list[str]:

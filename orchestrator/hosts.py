@@ -17,15 +17,15 @@ are a small table, not the profile schema (that import costs about 10 ms a comma
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import re
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator import paths
 from orchestrator.errors import HostError
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 # user@host:port; the parts are checked by ssh_problem (which names a bad character)
@@ -263,19 +263,9 @@ def get_host(name: str | None) -> dict:
     return hosts[name]
 
 
-@contextmanager
-def _locked() -> Iterator[dict]:
-    os.makedirs(os.path.dirname(_file()), exist_ok=True)
-    with open(_file() + ".lock", "w") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
-        data = _read_file()   # a broken file is refused, never replaced by an empty one
-        data.setdefault("hosts", {})
-        yield data
-        check_inventory(data, _file())   # nothing that would be refused on the next read
-        tmp = _file() + f".{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-        os.replace(tmp, _file())
+def _locked() -> AbstractContextManager[dict]:
+    from orchestrator.inputfile import locked_rewrite
+    return locked_rewrite(_file(), _read_file, check_inventory, "hosts")
 
 
 def add_host(entry: dict, *, replace: bool = False) -> dict:

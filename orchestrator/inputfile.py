@@ -1,5 +1,5 @@
 """Reading gpurun's own input files (queue files, profiles, config.yaml, hosts.json) the one
-way: a regular file, bounded in size, read with a bounded read, UTF-8. Every other case is
+way (and rewriting the JSON inventories, ``locked_rewrite``): a regular file, bounded in size, read with a bounded read, UTF-8. Every other case is
 the caller's ``BadInput`` class naming the file (and the line of a bad byte), so all of them
 refuse the same things with the same words. Stdlib and ``errors`` only: ``hosts`` reads
 through this on every command and in shell completion, so it must stay cheap to import.
@@ -7,10 +7,13 @@ through this on every command and in shell completion, so it must stay cheap to 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
+from contextlib import contextmanager
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.errors import BadInput
@@ -79,6 +82,26 @@ def read_json(path: str, limit: int, *, error: type[BadInput], what: str, fix: s
         raise error(f"{path}{where}: not valid JSON ({getattr(exc, 'msg', exc)})", fix) from None
     except RecursionError:
         raise error(f"{path}: JSON nested too deeply", fix) from None
+
+
+@contextmanager
+def locked_rewrite(path: str, read: Callable[[], dict], check: Callable[[dict, str], Any],
+                   top: str) -> Iterator[dict]:
+    """Change a JSON inventory (hosts.json, fleets.json) under an flock: ``read()`` it (a broken
+    file is refused, never replaced by an empty one), yield it for the caller to change, then
+    ``check`` it (nothing is written that the next read would refuse) and replace the file in
+    one rename."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        data = read()
+        data.setdefault(top, {})
+        yield data
+        check(data, path)
+        tmp = path + f".{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
 
 
 def _too_big(path: str | Path, limit: int, error: type[BadInput], what: str) -> BadInput:

@@ -11,9 +11,9 @@ import fcntl
 import json
 import os
 import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.errors import BadInput

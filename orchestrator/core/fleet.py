@@ -220,14 +220,8 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
     from orchestrator.core.hosts import known_jobs
     from orchestrator.core.secrets import default_names
     from orchestrator.core.session import open_session
-    from orchestrator.queuefile import parse_file, select
 
-    every = parse_file(file)
-    if start > 1 and start > len(every):
-        raise BadInput(f"--from {start} is past the end: {file} has {len(every)} job(s)",
-                       f"pick N from 1 to {len(every)} (jobs are counted, not lines)" if every else
-                       "the file has only comments and blank lines; add a command line")
-    specs = select(every, start)
+    every, specs = cq.read_specs(file, start)
     notes = list(warnings or [])
     if slots is not None:
         for e in entries:

@@ -53,13 +53,7 @@ def plan_submit(file: str, host: Optional[str] = None, *, start: int = 1, slots:
     The file is read first so a bad line is reported even for an unknown host. ``slots``
     is remembered for the host. Raises QueueFileError / BadInput for the file, HostError
     for the host."""
-    from orchestrator.queuefile import parse_file, select  # only submit parses (a cold-CLI cost)
-    every = parse_file(file)
-    if start > 1 and start > len(every):
-        raise BadInput(f"--from {start} is past the end: {file} has {len(every)} job(s)",
-                       f"pick N from 1 to {len(every)} (jobs are counted, not lines)" if every else
-                       "the file has only comments and blank lines; add a command line")
-    specs = select(every, start)
+    every, specs = read_specs(file, start)
     entry = hostinv.get_host(host)
     if slots is not None:
         hostinv.update_host(entry["name"], slots=slots)
@@ -69,6 +63,18 @@ def plan_submit(file: str, host: Optional[str] = None, *, start: int = 1, slots:
     if not every:  # a queue of only comments is almost always the wrong file: say so
         warnings.append(f"{file} has no jobs (only comments and blank lines): nothing submitted")
     return SubmitPlan(entry, jobs, warnings)
+
+
+def read_specs(file: str, start: int = 1) -> tuple[list, list]:
+    """``(every job of file, the jobs from the start-th on)``; BadInput for a ``start`` past
+    the end, QueueFileError for the file."""
+    from orchestrator.queuefile import parse_file, select  # only submit parses (a cold-CLI cost)
+    every = parse_file(file)
+    if start > 1 and start > len(every):
+        raise BadInput(f"--from {start} is past the end: {file} has {len(every)} job(s)",
+                       f"pick N from 1 to {len(every)} (jobs are counted, not lines)" if every else
+                       "the file has only comments and blank lines; add a command line")
+    return every, select(every, start)
 
 
 def submit(session: Any, plan: SubmitPlan) -> SubmitResult:

@@ -37,21 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from rigs.fleet import box_entry  # noqa: E402  (tests/ on the path first)
+
 USERS = ["gpurun-fb0", "gpurun-fb1", "gpurun-fb2", "gpurun-fb3"]
 SOLO = "gpurun-fb4"
-
-
-def box_entry(rig, user: str, name: str, tag: str) -> dict:
-    """A host entry for ``user`` on ``rig`` with a fresh state dir and workdir in its home."""
-    pw = pwd.getpwnam(user)
-    root = Path(pw.pw_dir) / f"gpurun-bench-{rig.run_id}-{name}-{tag}"
-    (root / "work").mkdir(parents=True)
-    for p in (root, root / "work"):
-        os.chown(p, pw.pw_uid, pw.pw_gid)
-    rig._made.append(root)
-    return {"name": name, "profile": "generic-ssh", "kind": "ssh", "slots": 1,
-            "ssh": {"user": user, "hostname": "127.0.0.1", "port": rig.port, "key": str(rig.client_key)},
-            "state_dir": str(root / "state"), "workdir": str(root / "work")}
 
 
 def cli(env: dict, *args: str, timeout: float = 300) -> tuple[float, subprocess.CompletedProcess]:
@@ -94,7 +83,7 @@ def main() -> None:
         for r in range(a.rounds):
             tag = f"r{r}-{time.monotonic_ns()}"
             for name, user in zip(names + ["solo"], USERS + [SOLO]):
-                hosts.add_host(box_entry(rig, user, name, tag), replace=True)
+                hosts.add_host(box_entry(rig, user, name, f"bench-{tag}", slots=1), replace=True)
             if r == 0:
                 add_fleet("f4", names)
             block = home / f"block-{tag}.txt"

@@ -253,25 +253,16 @@ THIRD_USER = "gpurun-f1c"  # a third box's unix user (the rig makes the clean an
 def test_twelve_jobs_over_three_boxes_spread_by_capacity(sshd: SshdRig, home: Path, tmp_path: Path):
     """The issue's fleet: 12 jobs over three boxes (three unix users) with 1, 2 and 3 slots go
     2, 4 and 6, and every job runs exactly once."""
-    import pwd
 
     from orchestrator import hosts, paths
+    from rigs.fleet import box_entry
     from rigs.sshd import _ensure_user
     if os.geteuid() != 0:
         pytest.skip("three boxes as three unix users need root to create the users")
     _ensure_user(THIRD_USER, noisy=False)
-    third = pwd.getpwnam(THIRD_USER)
-    root = Path(third.pw_dir) / f"gpurun-f1-{sshd.run_id}-{tmp_path.name}"
-    (root / "work").mkdir(parents=True)
-    for p in (root, root / "work"):
-        os.chown(p, third.pw_uid, third.pw_gid)
-    sshd._made.append(root)
     boxes = {"box-a": dict(sshd.host_entry(CLEAN_USER, name="box-a"), slots=1),
              "box-b": dict(sshd.host_entry(NOISY_USER, name="box-b"), slots=2),
-             "box-c": {"name": "box-c", "profile": "generic-ssh", "kind": "ssh", "slots": 3,
-                       "ssh": {"user": THIRD_USER, "hostname": "127.0.0.1", "port": sshd.port,
-                               "key": str(sshd.client_key)},
-                       "state_dir": str(root / "state"), "workdir": str(root / "work")}}
+             "box-c": box_entry(sshd, THIRD_USER, "box-c", "f1", slots=3)}
     sshd.trust(paths.data_home() / "known_hosts")
     for e in boxes.values():
         hosts.add_host(e)

@@ -80,12 +80,9 @@ def visible_jobs(results: list[dict]) -> list[dict]:
 def fleet_status(names: list[str], *, table: bool = False) -> list[dict]:
     """Every member's jobs, in the fleet's order: ``{host, jobs}``, or ``{host, jobs: [], error}``
     for a member that could not be asked. Moved rows are hidden (:func:`visible_jobs`)."""
-    from orchestrator.core.queue import status
+    from orchestrator.core.queue import status_all
 
-    got = _each(names, lambda n: {"jobs": status(n, table=table)[1]})
-    results = [{"host": n, "jobs": got[n].get("jobs", []), **({"error": got[n]["error"]} if "error" in got[n] else {})}
-               for n in names]
-    return visible_jobs(results)
+    return visible_jobs(status_all(table=table, names=names))
 
 
 def fleet_events(names: list[str], job: Optional[str] = None, limit: int = 50) -> tuple[list[dict], list[dict]]:

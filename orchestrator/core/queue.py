@@ -108,10 +108,13 @@ def status_report(host: Optional[str] = None, *, table: bool = False) -> tuple[s
         return entry["name"], res["jobs"], res.get("disk")
 
 
-def status_all(max_workers: int = 32, *, table: bool = False) -> list[dict[str, Any]]:
-    """Every host of the inventory, queried in parallel, in name order: ``{host, jobs}``, or
-    ``{host, jobs: [], error}`` for a host that failed (the others are still answered)."""
-    names = sorted(hostinv.load_hosts())
+def status_all(max_workers: int = 32, *, table: bool = False, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every host of the inventory in name order (or ``names``, in their order), queried in
+    parallel: ``{host, jobs}``, or ``{host, jobs: [], error}`` for a host that failed (the
+    others are still answered)."""
+    names = sorted(hostinv.load_hosts()) if names is None else list(names)
+    if not names:
+        return []
 
     def one(name: str) -> dict[str, Any]:
         try:

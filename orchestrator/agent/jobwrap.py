@@ -21,8 +21,33 @@ import time
 from typing import Optional
 
 
-def _shell() -> str:
+def shell() -> str:
     return "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+
+
+def job_env(base: "dict", job: "dict", attempt: int, state_dir: str, secret_env: "dict", hidden: "list",
+            marker: "tuple") -> "dict":
+    """The environment one attempt of ``job`` runs with, on any host (the runner's launch, the
+    Slurm wrapper): ``base`` less the secrets it did not ask for (``hidden``), its ``env.``
+    options, its secrets, gpurun's variables and its ``marker`` (name, token)."""
+    env = {k: v for k, v in base.items() if k not in hidden}
+    env.update({k: str(v) for k, v in (job.get("env") or {}).items()})
+    env.update(secret_env)
+    env.update({"GPURUN_JOB_ID": job["id"], "GPURUN_JOB_NAME": str(job["name"]), "GPURUN_RUN_DIR": job["run_dir"],
+                "GPURUN_ATTEMPT": str(attempt), marker[0]: marker[1],
+                "GPURUN_ENV_FILE": os.path.join(state_dir, "env.sh"), "PYTHONUNBUFFERED": "1"})
+    # W&B writes its runs under the job's run dir, where the quality check looks, unless the
+    # user chose a dir (env. or the agent's environment; a profile's env.sh export wins too)
+    env.setdefault("WANDB_DIR", job["run_dir"])
+    return env
+
+
+def job_script(command: str, env: "dict") -> str:
+    """The shell script of a job: its command, after the host's ``env.sh`` when there is one."""
+    env_file = env.get("GPURUN_ENV_FILE", "")
+    if env_file and os.path.exists(env_file):
+        return '. "$GPURUN_ENV_FILE"\n' + command
+    return command
 
 
 def write_exit(path: str, code: int, sync: bool = True) -> None:
@@ -105,10 +130,7 @@ def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str
     signal.signal(signal.SIGTERM, on_term)
     if write_started:
         write_durably(started_file, os.getpid(), sync=False)  # whole or absent: "never started" stays true
-    env_file = env.get("GPURUN_ENV_FILE", "")
-    script = command
-    if env_file and os.path.exists(env_file):
-        script = '. "$GPURUN_ENV_FILE"\n' + command
+    script = job_script(command, env)
     with open(log_file, "ab", buffering=0) as log:
         try:  # a full disk loses the line; the job still runs
             log.write(("--- gpurun: attempt %s started %s in %s\n" % (
@@ -116,7 +138,7 @@ def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str
         except OSError:
             pass
         try:
-            pid = _spawn([_shell(), "-c", script], cwd, log.fileno(), env)
+            pid = _spawn([shell(), "-c", script], cwd, log.fileno(), env)
         except OSError as exc:
             log.write(("--- gpurun: could not start: %s\n" % exc).encode())
             done.append(127)

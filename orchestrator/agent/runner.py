@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional
 
-from orchestrator.agent import diskfull, failures, procs, spawn
+from orchestrator.agent import diskfull, failures, jobwrap, procs, spawn
 from orchestrator.agent import cleanup  # a job's leftover processes end with it
 from orchestrator.agent import states as S
 from orchestrator.agent.gpus import visible_gpus
@@ -364,21 +364,11 @@ class Runner:
             return False
         os.makedirs(job["run_dir"], exist_ok=True)
         failures.note_start(job["run_dir"], attempt)  # the OOM counter, to tell a host OOM kill later
-        env = dict(os.environ)
-        for name in hidden:  # a secret the job did not ask for, inherited by the daemon, stays out
-            env.pop(name, None)
-        env.update({k: str(v) for k, v in (job["env"] or {}).items()})
-        env.update(secret_env)
-        env.update({
-            "GPURUN_JOB_ID": job["id"], "GPURUN_JOB_NAME": job["name"], "GPURUN_RUN_DIR": job["run_dir"],
-            "GPURUN_ATTEMPT": str(attempt), procs.MARKER: procs.token(job["id"], attempt),
-            "GPURUN_ENV_FILE": os.path.join(self.state_dir, "env.sh"), "PYTHONUNBUFFERED": "1",
-        })
+        # a secret the job did not ask for, inherited by the daemon, stays out (hidden)
+        env = jobwrap.job_env(os.environ, job, attempt, self.state_dir, secret_env, hidden,
+                              (procs.MARKER, procs.token(job["id"], attempt)))
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-        # W&B writes its runs under the job's run dir, where the quality check looks, unless the
-        # user chose a dir (env. or the agent's environment; a profile's env.sh export wins too)
-        env.setdefault("WANDB_DIR", job["run_dir"])
         args = [started_path(job, attempt), exit_path(job, attempt), job["log"], job["cwd"] or "", job["command"]]
         try:
             # forked: no interpreter start between one job's end and the next one's (agent/spawn)

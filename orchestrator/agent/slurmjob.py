@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from orchestrator.agent import procs
+from orchestrator.agent import jobwrap, procs
 from orchestrator.agent.slurm import read_json, write_json
 
 KILL_GRACE_S = 10.0
@@ -138,23 +138,12 @@ class Wrapper:
         return gate_refusal(prev, self.config, self.state_dir, on_error=lambda exc: self.records.add_event(
             self.spec["id"], "gate", "warn", "resume gate could not judge: %s" % exc))
 
-    def env(self, found: Dict[str, str], hide: list) -> Dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in hide}
-        env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
-        env.update(found)
-        env.update({"GPURUN_JOB_ID": self.spec["id"], "GPURUN_JOB_NAME": str(self.spec.get("name")),
-                    "GPURUN_RUN_DIR": self.run_dir, "GPURUN_ATTEMPT": str(self.attempt),
-                    procs.MARKER: procs.token(self.spec["id"], self.attempt),
-                    "GPURUN_ENV_FILE": os.path.join(self.state_dir, "env.sh"), "PYTHONUNBUFFERED": "1"})
-        env.setdefault("WANDB_DIR", self.run_dir)
-        return env
-
     def launch(self, found: Dict[str, str], hide: list) -> int:
-        env = self.env(found, hide)
-        script = self.spec["command"]
-        if os.path.exists(env["GPURUN_ENV_FILE"]):
-            script = '. "$GPURUN_ENV_FILE"\n' + script
-        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        # the same environment as on any host; CUDA_VISIBLE_DEVICES is Slurm's (gres)
+        env = jobwrap.job_env(os.environ, dict(self.spec, run_dir=self.run_dir), self.attempt, self.state_dir,
+                              found, hide, (procs.MARKER, procs.token(self.spec["id"], self.attempt)))
+        script = jobwrap.job_script(self.spec["command"], env)
+        shell = jobwrap.shell()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
         with open(self.spec["log"], "ab", buffering=0) as log:

@@ -33,19 +33,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from rigs.fleet import wait_until  # noqa: E402  (tests/ on the path first)
+
 
 def rows(host: str) -> dict[str, dict]:
     from orchestrator.core.session import open_session
     with open_session(host) as s:
         return {j["name"]: j for j in s.status()["jobs"]}
-
-
-def wait(pred, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def one_round(i: int, jobs: int, cli: list[str], env: dict, home: Path) -> dict:
@@ -59,7 +53,7 @@ def one_round(i: int, jobs: int, cli: list[str], env: dict, home: Path) -> dict:
     with open_session("busy") as s:
         specs, _ = to_jobs(parse_text("\n".join(lines) + "\n", "q.txt"), s.host, "q.txt")
         s.submit(specs)
-    wait(lambda: rows("busy")[f"hold-{i}"]["state"] == "running", "the job holding busy's slot")
+    wait_until(lambda: rows("busy")[f"hold-{i}"]["state"] == "running", "the job holding busy's slot")
     t0 = time.time()
     res = subprocess.run(cli + ["queue", "balance", "--host", "busy", "--host", "idle", "--json"],
                          env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -75,12 +69,12 @@ def one_round(i: int, jobs: int, cli: list[str], env: dict, home: Path) -> dict:
         got.update(rows("idle").get(moved[0]) or {})
         return bool(got.get("started_at"))
 
-    wait(started, "the moved job to start on idle")
+    wait_until(started, "the moved job to start on idle")
     gate.touch()
     with open_session("busy") as s:   # the rest of the queue is not this figure's business
         s.cancel([], all_=True)
-    wait(lambda: all(j["state"] not in ("queued", "running") for j in rows("busy").values()), "busy to settle")
-    wait(lambda: all(j["state"] not in ("queued", "running") for j in rows("idle").values()), "idle to settle")
+    wait_until(lambda: all(j["state"] not in ("queued", "running") for j in rows("busy").values()), "busy to settle")
+    wait_until(lambda: all(j["state"] not in ("queued", "running") for j in rows("idle").values()), "idle to settle")
     return {"balance_cli_s": round(t_cli, 3), "drain_to_start_s": round(got["started_at"] - t0, 3),
             "moved": moved[0]}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from rigs.agents import gpurun
 from rigs.fleet import box_entry
+from rigs.fleet import wait_until as wait_for
 from rigs.sshd import CLEAN_USER, SshdRig, _ensure_user, sshd_available
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -78,14 +79,6 @@ def states(host: str) -> dict[str, str]:
     from orchestrator.core.session import open_session
     with open_session(host) as s:
         return {j["name"]: j["state"] for j in s.status()["jobs"]}
-
-
-def wait_for(pred, what: str, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while not pred():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_status_and_events_of_a_fleet_show_a_moved_job_once(fleet):

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from rigs.agents import gpurun
 from rigs.fleet import box_root, boxes, kill_user, shared_dir, shared_files
+from rigs.fleet import wait_until as _wait
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -86,12 +87,6 @@ def _where(doc: dict) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _wait(pred, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def _lines(path: Path) -> list[str]:

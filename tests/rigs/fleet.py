@@ -17,7 +17,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -127,3 +127,13 @@ def kill_user(user: str, timeout: float = 10.0) -> int:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+
+
+def wait_until(pred: Callable[[], object], what: str, timeout: float = 60.0, every: float = 0.2,
+               detail: Callable[[], object] | None = None) -> None:
+    """Poll ``pred`` until it is true; AssertionError naming ``what`` (and ``detail()``) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}" + (f": {detail()}" if detail else ""))
+        time.sleep(every)

@@ -22,6 +22,7 @@ import pytest
 from rigs.agents import gpurun, kill_agents_under
 from rigs.fleet import box_entry, shared_dir, shared_files
 from rigs.fleet import boxes as start_boxes
+from rigs.fleet import wait_until as rigs_wait_until
 from rigs.sshd import SshdRig
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -113,11 +114,7 @@ def blocker(runs: Path, gate: Path, name: str = "blocker") -> str:
 
 
 def wait_until(pred, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {_last}")
-        time.sleep(0.2)
+    rigs_wait_until(pred, what, timeout, detail=lambda: _last)
 
 
 def check_once(ids: dict[str, str], *, finished: bool) -> dict[str, str]:
@@ -210,7 +207,9 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
     fleet_of((1, 1, 1))
     members = [get_host(n) for n in NAMES]
     gate = runs / "gate"
-    names = [f"c{i:02d}" for i in range(60)]
+    # each try moves 2-3 jobs (the killed run, then the balance that finishes it): enough queue
+    # for every try to find work to move, or its crash step is never reached
+    names = [f"c{i:03d}" for i in range(150)]
     ids = submit("box0", [blocker(runs, gate)] + [quick(runs, n, 0.05) for n in names])
     ids.pop("blocker")
     rnd = random.Random(int(os.environ.get("GPURUN_CHAOS_SEED", "0")) or None)

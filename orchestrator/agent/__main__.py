@@ -121,9 +121,9 @@ def unpack_self() -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # another caller won the race, or no space: keep the zip
 
 
-# verbs that read or change jobs: on a Slurm host they first bring the store up to date with
-# Slurm (agent/slurm_reconcile); submit, cancel and retry call it themselves (agent/verbs)
-SLURM_SYNCED = frozenset({"status", "logs", "events", "snapshot", "manifest", "check"})
+# verbs that read jobs: the host's backend first brings the store up to date with its scheduler
+# (agent/backend: Slurm's, as no daemon does it there); the verbs that change jobs ask it themselves
+READS = frozenset({"status", "logs", "events", "snapshot", "manifest", "check"})
 
 
 def dispatch(verb: str, state_dir: str, req: dict) -> dict:
@@ -135,8 +135,9 @@ def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     if verb == "ensure":
         unpack_self()
         changed = "config" in req and control.write_config(state_dir, req["config"])
-        res = control.ensure(state_dir, os.path.abspath(sys.argv[0]), req.get("build", "dev"),
-                             detach=req.get("detach", "setsid"))
+        from orchestrator.agent import backend
+        res = backend.of(control.load_config(state_dir)).ensure(
+            state_dir, os.path.abspath(sys.argv[0]), req.get("build", "dev"), detach=req.get("detach", "setsid"))
         if res["action"] == "none" and changed:
             control.wake(state_dir)
         return res
@@ -147,9 +148,9 @@ def dispatch(verb: str, state_dir: str, req: dict) -> dict:
     store = Store(control.files(state_dir)["db"])
     try:
         ctx = AgentContext(state_dir, store, control.load_config(state_dir))
-        if ctx.config.get("scheduler") == "slurm" and verb in SLURM_SYNCED:  # no daemon: the verb reconciles
-            from orchestrator.agent import slurm_reconcile
-            slurm_reconcile.sync(ctx)
+        if verb in READS:
+            from orchestrator.agent import backend
+            backend.of(ctx.config).sync(ctx)
         return fn(ctx, req)
     finally:
         store.close()

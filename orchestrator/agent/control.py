@@ -189,11 +189,9 @@ def wake(state_dir: str) -> None:
 
 
 def ensure(state_dir: str, pyz: str, build: str, detach: str = "setsid", timeout: float = START_TIMEOUT_S) -> dict:
-    """Make sure a daemon of ``build`` runs for ``state_dir``; returns what was done."""
+    """Make sure a daemon of ``build`` runs for ``state_dir``; returns what was done. The
+    ``ensure`` verb asks the host's backend (``agent/backend``): only the daemon's comes here."""
     os.makedirs(state_dir, exist_ok=True)
-    if load_config(state_dir).get("scheduler") == "slurm":
-        # a login node: many clusters kill long-lived processes there, and Slurm is the queue
-        return {"action": "none", "pid": None, "build": build, "scheduler": "slurm"}
     with ensure_lock(state_dir):
         return _ensure(state_dir, pyz, build, detach, timeout)
 

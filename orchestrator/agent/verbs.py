@@ -1,7 +1,8 @@
 """The queue verbs of ``orchestrator.agent.protocol``: submit, status, logs, cancel, retry, events.
 
 Client verbs only insert queued rows, set cancel flags, or (retry) start a new attempt of a
-finished job; everything else is the runner's. The health, quality and sync rooms answer
+finished job; everything else is the runner's. What the host's scheduler must hear of a change
+(Slurm: sbatch, scancel, hold) goes through its backend (``agent/backend``). The health, quality and sync rooms answer
 their own verbs (``verbs_health``, ``verbs_quality``, ``verbs_sync``); ``handlers`` maps
 every verb name to its function.
 """
@@ -15,6 +16,7 @@ import time
 from typing import Any, Dict
 
 from orchestrator.agent import states as S
+from orchestrator.agent.backend import of as backend_of
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.control import running_daemon, wake
 from orchestrator.agent.diskfull import disk_status
@@ -37,12 +39,7 @@ def v_submit(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
             os.makedirs(os.path.join(runs, jid), exist_ok=True)
         except OSError:
             pass
-    if ctx.config.get("scheduler") == "slurm":  # each queued job becomes an sbatch job (agent/slurm)
-        from orchestrator.agent import slurm, slurm_reconcile
-        for j in req.get("jobs", []):
-            if j["id"] in added and j.get("slurm"):
-                slurm.remember_options(os.path.join(runs, j["id"]), j["slurm"])
-        slurm_reconcile.sync(ctx, submit_errors=True)
+    backend_of(ctx.config).after_submit(ctx, req.get("jobs", []), added)
     wake(ctx.state_dir)
     return {"added": added, "present": present, "code": _code_record(ctx.state_dir)}
 
@@ -155,13 +152,10 @@ def _next_line_start(f: Any, offset: int) -> int:
 
 
 def v_cancel(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
-    slurm_host = ctx.config.get("scheduler") == "slurm"
-    if slurm_host:
-        from orchestrator.agent import slurm, slurm_reconcile
-        slurm_reconcile.reconcile(ctx)
+    backend = backend_of(ctx.config)
+    backend.reconcile(ctx)
     jobs = ctx.store.jobs(S.ACTIVE) if req.get("all") else [ctx.find_job(r) for r in req.get("jobs", [])]
-    if slurm_host:  # scancel first (one call): a queued row's Slurm job must not start after it
-        slurm.cancel_or_raise([j.get("backend_id") for j in jobs if j["state"] in S.ACTIVE])
+    backend.cancel(ctx, jobs)  # the scheduler's jobs first: a queued row's must not start after it
     out = []
     for job in jobs:
         if job["state"] == S.QUEUED and ctx.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
@@ -193,10 +187,7 @@ def v_retry(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
                               reason="retry requested%s" % (" with --force" if force else ""))
     if not ok:
         raise VerbError("job %s changed state while retrying; try again" % job["name"], CONFLICT)
-    if ctx.config.get("scheduler") == "slurm":  # a retry is a new sbatch (its gate: the wrapper's)
-        from orchestrator.agent import slurm
-        ctx.store.update_fields(job["id"], [S.QUEUED], backend_id=None)
-        slurm.submit_pending(ctx, only=[job["id"]])
+    backend_of(ctx.config).after_retry(ctx, job)
     wake(ctx.state_dir)
     return {"job": wire_job(ctx.store.get_job(job["id"])), "next_attempt": job["attempt"] + 1}
 
@@ -232,19 +223,17 @@ def v_release(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
     to = str(req.get("to") or "")
     if not to:
         raise VerbError("release needs the host the jobs go to", BAD_INPUT, "pass {\"to\": HOST}")
+    backend = backend_of(ctx.config)
     released, refused = [], []
     for jid in req.get("jobs") or []:
         job = ctx.store.get_job(jid)
         if job is None:
             refused.append({"id": jid, "state": None, "reason": "no such job here"})
             continue
-        if job["state"] == S.QUEUED and job.get("backend_id"):  # a Slurm host: only a job Slurm has not started
-            from orchestrator.agent import slurm_reconcile
-            if not slurm_reconcile.withdraw(ctx, job):
-                now = ctx.store.get_job(jid) or job
-                refused.append({"id": jid, "state": now["state"], "reason": "Slurm job %s started here"
-                                % job["backend_id"]})
-                continue
+        why = backend.withdraw(ctx, job)  # a job the host's scheduler started stays here
+        if why is not None:
+            refused.append({"id": jid, "state": (ctx.store.get_job(jid) or job)["state"], "reason": why})
+            continue
         ok = job["state"] == S.MOVED or ctx.store.transition(
             job["id"], [S.QUEUED], S.MOVED, release=True, moved_to=to, ended_at=time.time(),
             reason="moved to %s" % to)
@@ -255,13 +244,7 @@ def v_release(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
             refused.append({"id": jid, "state": now["state"] if now else None,
                             "reason": "it is %s here" % (now["state"] if now else "gone")})
             continue
-        spec = _spec(job)
-        if ctx.config.get("scheduler") == "slurm":  # its queue line's sbatch options go with it
-            from orchestrator.agent.slurm import SPEC, read_json
-            opts = (read_json(os.path.join(job["run_dir"], SPEC)) or {}).get("slurm")
-            if opts:
-                spec["slurm"] = opts
-        released.append(spec)
+        released.append(backend.release_spec(job, _spec(job)))
     return {"released": released, "refused": refused}
 
 

@@ -1,4 +1,4 @@
-"""Integrity of the labelled real-log corpus (tests/quality/corpus/{dev,holdout}).
+"""Integrity of the labelled real-log corpus (tests/quality/corpus/{dev,holdout,holdout2}).
 
 These tests check the corpus itself, not the checker: every label has its file and every
 file its label, the shared label schema is filled in, every file cites where it came from,
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-SPLITS = ("dev", "holdout")
+SPLITS = ("dev", "holdout", "holdout2")  # holdout2: a second holdout, never scored here
 FIELDS = ("file", "source", "source_path", "commit", "format", "series", "label", "expected_final", "onset", "why")
 EXPECTED = {"STOP", "NOT_STOP", "AMBIGUOUS"}
 NOT_DATA = {"labels.json", "README.md"}
@@ -85,8 +85,10 @@ def test_splits_are_disjoint_and_both_hold_failures_and_healthy_runs():
             seen[key] = (it["file"], split)
         kinds = {it["expected_final"] for it in _items(split)}
         assert {"STOP", "NOT_STOP"} <= kinds, "%s needs both failures and healthy runs" % split
-    dev = {it["file"] for it in _items("dev")}
-    assert not dev & {it["file"] for it in _items("holdout")}
+    names = [{it["file"] for it in _items(split)} for split in SPLITS]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not a & b, "a file name is in two splits: %s" % sorted(a & b)
 
 
 def test_files_stay_small():
@@ -104,5 +106,5 @@ def test_readme_lists_every_file(split):
     text = (CORPUS / split / "README.md").read_text()
     for it in _items(split):
         assert "| %s |" % it["file"] in text, "%s/README.md does not list %s" % (split, it["file"])
-    if split == "holdout":
-        assert "do not tune" in text.lower(), "the holdout README must say it is not to be tuned on"
+    if split.startswith("holdout"):
+        assert "do not tune" in text.lower(), "a holdout README must say it is not to be tuned on"

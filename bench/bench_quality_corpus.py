@@ -14,7 +14,7 @@ which the trainer rewrites whole at each save, is rewritten with a growing ``log
 and read cold each time. After every newly logged point (any series gained a point) the
 run is judged with ``judge.judge_tracker``; for long files only every k-th new point is
 judged (k printed per file, chosen so a file gets at most --max-checks checks), and the
-complete file is always judged last.
+complete file is always judged last, as ``final`` (the agent's check after a job ended).
 
 Scores per corpus: recall (STOP files with a STOP by the end), false STOPs (NOT_STOP files
 with a STOP on any prefix; STOP files whose first STOP comes before the onset), latency after
@@ -86,8 +86,8 @@ def replay(src: str, work: str, k: int) -> Iterator[Tuple[dict, object]]:
                 continue
             with open(dst, "w") as f:
                 json.dump(dict(doc, log_history=hist[:i]), f)
-            # rewritten whole, like the trainer does: read it cold
-            yield judge_tracker(Tracker([dst]))
+            # rewritten whole, like the trainer does: read it cold; the whole file is a run that ended
+            yield judge_tracker(Tracker([dst]), final=i == n)
         return
     with open(src, "rb") as f:
         lines = f.read().splitlines(keepends=True)
@@ -104,12 +104,12 @@ def replay(src: str, work: str, k: int) -> Iterator[Tuple[dict, object]]:
         if pts > seen:
             new += pts - seen
             seen = pts
-            if new >= k:
+            if new >= k and not last:
                 new = 0
                 yield judge_tracker(tr)
                 continue
-        if last:
-            yield judge_tracker(tr)
+        if last:  # every corpus file is a run that ended: its last check is the agent's final one
+            yield judge_tracker(tr, final=True)
 
 
 def _onset_index(item: dict, steps: List[float]) -> Optional[int]:

@@ -206,7 +206,8 @@ def periodic_check(store, job: dict, now: float, config: dict, state_dir: Option
     state_dir = state_dir or os.path.dirname(getattr(store, "path", "") or "")
     wandb_reader.KEY_SOURCE = lambda: key_lookup(state_dir)("WANDB_API_KEY")  # online W&B reads
     opts = with_reviewer(opts, job, state_dir)
-    verdict = source_notes(J.judge(run, opts, tr.problems if not tr.readable() else None), tr)
+    # final: the job has ended, its last logged loss is its last state (a lone NaN there is a STOP)
+    verdict = source_notes(J.judge(run, opts, tr.problems if not tr.readable() else None, final=final), tr)
     review_path = record_review(store, job, run, verdict, "final" if final else "periodic")
     # a reviewer's CONTINUE on an ambiguous check counts as healthy for the cadence (the seed)
     anomaly = any(f["severity"] in ("warn", "stop") for f in verdict["findings"]) and \

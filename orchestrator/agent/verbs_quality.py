@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from orchestrator.agent import states as S
 from orchestrator.agent.context import AgentContext
 from orchestrator.agent.protocol import BAD_INPUT, VerbError
 from orchestrator.agent.quality_hook import checkpoint_step, metrics_targets, record_review, with_reviewer
@@ -45,7 +46,8 @@ def v_check(ctx: AgentContext, req: Dict[str, Any]) -> Dict[str, Any]:
         out["format"] = None
     else:
         upto = checkpoint_step(job) if req.get("upto_checkpoint") else None
-        out, run = J.judge_tracker(Tracker(targets), opts, upto)
+        # a job that has ended is judged as the agent's final check judges it (``judge``'s final)
+        out, run = J.judge_tracker(Tracker(targets), opts, upto, final=job["state"] in S.TERMINAL)
         if out.get("reviewer"):
             out["reviewer"]["evidence"] = record_review(ctx.store, job, run, out, "check")
         main = run.main_loss()

@@ -1,11 +1,13 @@
 """``gpurun check SOURCE``: judge a training run from its metrics (file, run dir, queue job).
 
+``--final``: SOURCE is a run that has ended, so a last train loss of NaN/Inf is a STOP even
+alone (a running job's check WAITs on one point); with ``--job`` the job's state decides.
 Exit codes (contract): 0 CONTINUE, 10 WAIT, 11 STOP; 2 bad input (also a SOURCE that does not
 exist, cannot be read or is in no known metrics format: code ``metrics_source``); 1 host/agent
 failure.
 ``--json`` prints ``{"verdict", "reason", "findings": [{code, severity, step, series,
 evidence, hint}], "source", "url", "format", "last_step", "points", "series", "resumed",
-"restarts", "unreadable", "checker_version", "sparkline"}`` (+ ``note``, ``plot``, ``reviewer``
+"restarts", "unreadable", "checker_version", "final", "sparkline"}`` (+ ``note``, ``plot``, ``reviewer``
 and ``job`` when they apply: README, "Other `--json` contracts").
 """
 
@@ -34,6 +36,8 @@ VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold gr
 @click.option("--regex", "user_regex", help="Your own line regex with named groups, e.g. '(?P<step>\\d+) (?P<loss>\\S+)'.")
 @click.option("--upto-step", type=FiniteFloat(),
               help="Judge only the history up to this step (the resume gate's view).")
+@click.option("--final", is_flag=True,
+              help="SOURCE is a run that has ended: a last loss of NaN/Inf is STOP even alone (--job: the job's state says).")
 @click.option("--reviewer", help="Command that gets the JSON summary on stdin for ambiguous cases.")
 @click.option("--reviewer-url", metavar="URL",
               help="OpenAI-compatible endpoint asked on ambiguous verdicts, e.g. https://api.openai.com/v1.")
@@ -45,7 +49,7 @@ VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold gr
 @click.pass_context
 def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Optional[str], primary: Optional[str],
           plot: Optional[str], host: Optional[str], job: Optional[str], user_regex: Optional[str],
-          upto_step: Optional[float], reviewer: Optional[str], reviewer_url: Optional[str],
+          upto_step: Optional[float], final: bool, reviewer: Optional[str], reviewer_url: Optional[str],
           reviewer_model: Optional[str], reviewer_key_env: Optional[str], reviewer_timeout: Optional[float]) -> None:
     """Judge a training run: STOP, CONTINUE or WAIT, with reasons and hints.
 
@@ -56,6 +60,8 @@ def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Op
     from orchestrator.core import check as core
     core.check_plot_path(plot)
     opts = core.options(primary, baseline, reviewer, reviewer_url, reviewer_model, reviewer_key_env, reviewer_timeout)
+    if final:
+        opts["final"] = True  # judge's final word; a job's ended state sets it on the agent (--job)
     if job or host:
         if not job or source:
             raise BadInput("use either SOURCE, or --job NAME [--host H]",

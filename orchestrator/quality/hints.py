@@ -26,6 +26,12 @@ def nonfinite_one(series: str) -> str:
             "line, stops the run" % series)
 
 
+def nonfinite_final(step) -> str:
+    return ("the run ended on a NaN/Inf train loss (step %s): its last weights are not to be used. "
+            "Resume from a checkpoint saved before it, not the latest; if a retry goes non-finite at "
+            "the same step inspect that batch, else lower the LR or prefer bf16 over fp16." % _s(step))
+
+
 COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or masked away (all labels "
             "ignored, empty targets) or fp16 overflowed; check the label mask and try bf16.")
 GRAD_NAN_PERSIST = ("grad norm non-finite on many steps: the fp16 loss scale is collapsing (a real overflow, "

@@ -4,6 +4,12 @@ Trend rules (divergence, plateau, eval regression, ...) STOP only when they also
 the run cut a few logs earlier: the "two consecutive checks" confirmation, made stateless so
 a one-shot ``gpurun check`` and the agent's periodic check agree. Non-finite loss and
 collapse stop at once. An unreadable source is WAIT, never STOP.
+
+``final``: the run has ended (the agent's check after a job ends, ``gpurun check --final``, a
+finished job checked with ``--job``, the corpus replay's last check). Then a last logged train
+loss that is non-finite is a STOP even alone: "never STOP on one noisy point" protects a running
+job from a point the next logs would heal, and an ended run has no next log; its model is the
+NaN/Inf one. Every other rule judges a final check like any other.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import os
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from orchestrator.quality import hints as H
 from orchestrator.quality import reviewer as RV
 from orchestrator.quality import rules as R
 from orchestrator.quality import rules_aux as A
@@ -43,17 +50,22 @@ STOP_ORDER = {c: i for i, c in enumerate((
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 
 
-def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] = None) -> dict:
+def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] = None,
+          final: bool = False) -> dict:
     """Judge ``run``. ``opts``: primary (name, "min"|"max"), baseline, lr_schedule,
     loss_bounded_below, reviewer (HTTP settings) + reviewer_key (NAME -> key), reviewer_command,
-    reviewer_timeout_s, run_id (named in the reviewer's question)."""
+    reviewer_timeout_s, run_id (named in the reviewer's question), final (as ``final``).
+    ``final``: the run has ended, nothing will be logged after this (module docstring)."""
     opts = opts or {}
+    final = bool(final or opts.get("final"))
     findings: List[dict] = []
     for fn in RULES.values():
         findings.extend(fn(run, opts))
     _confirm(run, opts, findings)
     _eval_veto(run, opts, findings)
     _plateau_veto(findings)
+    if final:
+        _final_word(run, findings)
     # STOP findings first, the clearest cause first (the reason and the agent's evidence name the
     # first one): 3.8e25 is an absurd loss before it is an unrecovered spike
     findings.sort(key=lambda f: (0, STOP_ORDER.get(str(f["code"]), len(STOP_ORDER))) if f["severity"] == "stop"
@@ -80,7 +92,7 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
         "verdict": verdict, "reason": reason, "findings": findings,
         "source": run.source, "last_step": _n(run.last_step), "points": len(main) if main is not None else 0,
         "series": sorted(run.series), "resumed": run.resumed, "restarts": [_n(r) for r in run.restarts],
-        "unreadable": list(problems or []), "checker_version": VERSION,
+        "unreadable": list(problems or []), "checker_version": VERSION, "final": final,
     }
     if opts.get("reviewer") or opts.get("reviewer_command"):
         doubt = RV.ambiguity(out, run.planned_steps, MIN_POINTS)
@@ -109,6 +121,26 @@ def _confirm(run: Run, opts: dict, findings: List[dict]) -> None:
         if f["severity"] == "stop" and f["code"] in TREND and f["code"] not in confirmed:
             f["severity"] = "warn"
             f["evidence"]["unconfirmed"] = True  # type: ignore[index]
+
+
+def _final_word(run: Run, findings: List[dict]) -> None:
+    """The run has ended on a non-finite train loss: that one point is its last state, STOP.
+    Upgrades the rule's single-point warn (same code, so the reason and the evidence name it)."""
+    loss = run.get("loss")
+    if loss is None or not len(loss) or isfinite(loss.values[-1]):
+        return
+    if any(f["severity"] == "stop" and f["code"] == "nonfinite_loss" and f["series"] == "loss" for f in findings):
+        return  # already a STOP with its onset (a streak, two witnesses, the trainer's abort)
+    at = loss.steps[-1]
+    for f in findings:
+        if f["code"] == "nonfinite_loss" and f["series"] == "loss":
+            f["severity"] = "stop"
+            f["evidence"].update(ended_nonfinite=True, last_finite=R.last_finite(loss))  # type: ignore[union-attr]
+            f["hint"] = H.nonfinite_final(at)
+            return
+    findings.append(R.finding("nonfinite_loss", "stop", at, {"series": "loss", "ended_nonfinite": True,
+                                                              "last_finite": R.last_finite(loss)},
+                              H.nonfinite_final(at), "loss"))
 
 
 def _eval_veto(run: Run, opts: dict, findings: List[dict]) -> None:
@@ -156,26 +188,31 @@ def _j(v: float):
 
 
 def check(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,
-          user_regex: Optional[str] = None) -> dict:
-    """Read ``target`` (file, run dir, TB dir, wandb:ref) and judge it; unreadable -> WAIT."""
-    return check_run(target, opts, upto_step, user_regex)[0]
+          user_regex: Optional[str] = None, final: bool = False) -> dict:
+    """Read ``target`` (file, run dir, TB dir, wandb:ref) and judge it; unreadable -> WAIT.
+    ``final``: the run has ended (``judge``)."""
+    return check_run(target, opts, upto_step, user_regex, final)[0]
 
 
 def check_run(target: str, opts: Optional[dict] = None, upto_step: Optional[float] = None,
-              user_regex: Optional[str] = None) -> Tuple[dict, Run]:
+              user_regex: Optional[str] = None, final: bool = False) -> Tuple[dict, Run]:
     """Like ``check``, also returning the series it judged (for plots)."""
-    out, run = judge_tracker(Tracker.for_target(target, user_regex), opts, upto_step)
+    out, run = judge_tracker(Tracker.for_target(target, user_regex), opts, upto_step, final)
     out["source"] = out["source"] or target
     return out, run
 
 
 def judge_tracker(tr: Tracker, opts: Optional[dict] = None,
-                  upto_step: Optional[float] = None) -> Tuple[dict, Run]:
-    """Update ``tr`` and judge its run (cut at ``upto_step``); sets ``source`` and ``format``."""
+                  upto_step: Optional[float] = None, final: bool = False) -> Tuple[dict, Run]:
+    """Update ``tr`` and judge its run (cut at ``upto_step``); sets ``source`` and ``format``.
+    A cut run is never final: history up to a checkpoint has a future (the resume gate)."""
     run = tr.update()
     if upto_step is not None:
         run = run.upto(upto_step)
-    out = judge(run, opts, tr.problems if not tr.readable() else None)
+        final = False
+        if opts and opts.get("final"):
+            opts = dict(opts, final=False)
+    out = judge(run, opts, tr.problems if not tr.readable() else None, final)
     out["source"] = tr.active
     out["format"] = tr.kind
     source_notes(out, tr)

@@ -13,7 +13,7 @@ from orchestrator.cli.main import cli
 from quality.synth import make_curve, write
 
 KEYS = {"verdict", "reason", "findings", "source", "format", "last_step", "points", "series", "resumed",
-        "restarts", "unreadable", "checker_version", "sparkline"}
+        "restarts", "unreadable", "checker_version", "final", "sparkline"}
 
 
 def _run(args, home):

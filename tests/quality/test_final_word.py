@@ -1,0 +1,102 @@
+"""The final word: a run that ENDED on a non-finite train loss is a STOP, even on one point.
+
+"Never STOP on one noisy point" protects a running job (the next logs may heal it); a job that
+has ended has no next log, and its last weights are the NaN/Inf ones. ``judge(final=True)`` is
+what the agent's check after a job ends, ``gpurun check --final`` and ``gpurun check --job`` on
+an ended job use; prefixes of a running job and the resume gate's cut are never final.
+Real parts: a real dev-corpus log, the real CLI (click runner), a real SQLite store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from orchestrator.agent import quality_hook as QH
+from orchestrator.agent.store import Store
+from orchestrator.cli.main import cli
+from orchestrator.quality.judge import check, judge
+from orchestrator.quality.sources import Tracker
+
+DEV = Path(__file__).resolve().parent / "corpus" / "dev"
+T0 = 1_700_000_000.0
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(cli, ["check", *args], catch_exceptions=False)
+
+
+def _loss(s: int) -> float:
+    return 4.0 * (s + 50) ** -0.3 * (1 + 0.01 * math.sin(s))
+
+
+def _healthy(path: Path, n: int, tail=()) -> None:
+    with open(path, "w") as f:
+        for s in range(n):
+            f.write(json.dumps({"step": s, "loss": _loss(s)}) + "\n")
+        for s, v in tail:
+            f.write(json.dumps({"step": s, "loss": v}) + "\n")
+
+
+def test_real_log_ending_on_one_nan(tmp_path):
+    # a Keras verbose=2 epoch line `loss: nan - val_loss: 1.1921e-07`: the issue's run died there
+    log = str(DEV / "issue_deeptl_i14_keras_verbose2_nan.log")
+    running = _cli(log, "--json")
+    assert running.exit_code == 10, running.output  # a running job: one point, re-check soon
+    out = json.loads(running.output)
+    assert out["verdict"] == "WAIT" and out["final"] is False
+    ended = _cli(log, "--json", "--final")
+    assert ended.exit_code == 11, ended.output
+    out = json.loads(ended.output)
+    assert out["verdict"] == "STOP" and out["final"] is True
+    assert out["reason"].startswith("nonfinite_loss") and "ended_nonfinite=True" in out["reason"]
+    stop = [f for f in out["findings"] if f["severity"] == "stop"]
+    assert stop[0]["series"] == "loss" and "ended on a NaN/Inf" in stop[0]["hint"]
+    human = _cli(log, "--final")  # the plain output names it too, in 80 columns
+    assert human.exit_code == 11 and human.output.startswith("STOP  nonfinite_loss")
+
+
+def test_final_on_synthetic_runs_and_the_agent(tmp_path):
+    m = tmp_path / "metrics.jsonl"
+    _healthy(m, 300, [(300, float("nan"))])
+    run = Tracker([str(m)]).update()
+    assert judge(run, {})["verdict"] == "WAIT"
+    v = judge(run, {}, final=True)
+    assert v["verdict"] == "STOP" and v["findings"][0]["step"] == 300
+    assert v["findings"][0]["evidence"]["last_finite"]["step"] == 299
+    # the resume gate's view is a cut with a future: never final, whatever the caller says
+    assert check(str(m), {"final": True}, upto_step=300)["verdict"] == "WAIT"
+    # healthy endings are never STOPped by the final word: a NaN healed before the end, an inf
+    # in the eval loss only, a clean run
+    for tail in ([(300, float("nan")), (301, _loss(301))], [], [(300, _loss(300))]):
+        _healthy(m, 300, tail)
+        v = check(str(m), final=True)
+        assert v["verdict"] == "CONTINUE", (tail, v["reason"])
+    with open(m, "a") as f:
+        f.write(json.dumps({"step": 301, "eval_loss": float("inf")}) + "\n")
+    assert check(str(m), final=True)["verdict"] != "STOP"
+
+    # the agent: a running job's check WAITs; the check after it ended records a final STOP and
+    # saves the evidence, and stops nothing (the job is over)
+    store = Store(str(tmp_path / "agent.db"))
+    try:
+        rd = tmp_path / "runs" / "j1"
+        rd.mkdir(parents=True)
+        _healthy(rd / "metrics.jsonl", 300, [(300, float("nan"))])
+        store.insert_jobs([{"id": "j1", "name": "train", "command": "python train.py", "run_dir": str(rd),
+                            "log": str(rd / "stdout.log")}])
+        assert store.transition("j1", ["queued"], "running", attempt=1, started_at=T0)
+        res = QH.periodic_check(store, store.get_job("j1"), T0 + 60, {})
+        assert res["verdict"] == "WAIT" and not res["stop"]
+        assert store.transition("j1", ["running"], "succeeded", exit_code=0, ended_at=T0 + 61)
+        res = QH.periodic_check(store, store.get_job("j1"), T0 + 62, {}, final=True, trigger="ended")
+        assert res["verdict"] == "STOP" and not res["stop"] and res["evidence_path"]
+        rec = store.get_job("j1")["quality"]
+        rec = json.loads(rec) if isinstance(rec, str) else rec
+        assert rec["verdict"] == "STOP" and rec["final"] and rec["rule"] == "nonfinite_loss"
+        assert json.load(open(res["evidence_path"]))["final"] is True
+    finally:
+        store.close()

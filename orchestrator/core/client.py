@@ -3,7 +3,9 @@
 A call is one round trip: it runs the agent zipapp on the host (ensuring the daemon, with
 this host's config, on the client's first call) and decodes the sentinel-framed envelope.
 If the zipapp is missing it is pushed and the call repeated; nothing had run, so the repeat
-is safe. An error reply becomes the matching ``GpurunError`` (``errors.from_agent``); a
+is safe. Several threads may call verbs on one client at once: the push is done once, under
+``_push_lock``, and a thread that found the agent missing meanwhile waits for it rather than
+pushing again. An error reply becomes the matching ``GpurunError`` (``errors.from_agent``); a
 reply of the wrong shape, or an unknown verb, is an ``AgentProtocolError`` naming both builds.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import threading
 import time
 from typing import Any, List, Optional, cast
 
@@ -56,6 +59,8 @@ class AgentClient:
         self.ensured = False
         self.state_dir = host.get("state_dir") or "~/.gpurun"
         self.python = sys.executable if host.get("kind") == "local" else host.get("python", "python3")
+        self._push_lock = threading.Lock()
+        self._pushed: Optional[str] = None  # the agent build this client put on the host
 
     # --- the verbs -------------------------------------------------------------------------
     def submit(self, jobs: List[P.JobSpec]) -> P.SubmitReply:
@@ -166,8 +171,7 @@ class AgentClient:
         body = json.dumps(req)
         res = self.transport.run(cmd, input=body, timeout=timeout)
         if res.exit_code == NO_AGENT and "GPURUN-NO-AGENT" in res.stdout:
-            self.transport.run(f"mkdir -p {rq(self.state_dir + '/bin')}", timeout=60)
-            self.transport.put(str(pyz), rpyz)
+            self._push(build, str(pyz), rpyz)
             res = self.transport.run(cmd, input=body, timeout=timeout)
         try:
             envelope = unframe(res.stdout)
@@ -191,6 +195,16 @@ class AgentClient:
         if missing:
             raise self._mismatch(verb, envelope, "a reply without " + ", ".join(missing))
         return result
+
+    def _push(self, build: str, pyz: str, rpyz: str) -> None:
+        """Put the agent zipapp on the host, once per client and build: a second verb that
+        found it missing while the first was pushing waits here, then finds it there."""
+        with self._push_lock:
+            if self._pushed == build:
+                return
+            self.transport.run(f"mkdir -p {rq(self.state_dir + '/bin')}", timeout=60)
+            self.transport.put(pyz, rpyz)
+            self._pushed = build
 
     def _mismatch(self, verb: P.Verb, envelope: Any, what: str) -> AgentProtocolError:
         theirs = envelope if isinstance(envelope, dict) else {}

@@ -3,6 +3,12 @@ keepalives, ProxyJump, atomic put, and ``sync`` via rsync with tar/SFTP fallback
 
 Only the connection is ever retried; once a command was sent, a lost link is a
 ``TransportError`` and the caller decides (agent verbs are idempotent by design).
+
+One transport may be used by several threads at once (two verbs on one ``AgentClient``):
+exec channels share the connection freely, but opening it is serialized (``_lock``), and so
+is the SFTP session (``_sftp_lock``): paramiko's ``SFTPClient`` reads replies without a
+lock, so a thread waiting for its reply can swallow another thread's, which then waits
+forever.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import posixpath
 import re
 import shlex
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -66,6 +73,10 @@ class SSHTransport:
         self._seen: list = []
         self._clients: list = []   # jump hops first, target last
         self._sftp = None
+        # Reentrant: connect() drops a dead connection under it, and a failing command
+        # drops it from another thread. Taken after _sftp_lock, never before it.
+        self._lock = threading.RLock()
+        self._sftp_lock = threading.RLock()
 
     # -- connection ------------------------------------------------------------------
     @property
@@ -79,6 +90,10 @@ class SSHTransport:
 
     def connect(self):
         """Open (or reuse) the connection; ConnectError/HostKeyError if impossible."""
+        with self._lock:  # two threads would open two connections, the second via the first
+            return self._connect()
+
+    def _connect(self):
         if self._alive():
             return self._client
         self._drop()
@@ -181,6 +196,10 @@ class SSHTransport:
         return client
 
     def _drop(self) -> None:
+        with self._lock:
+            self._drop_locked()
+
+    def _drop_locked(self) -> None:
         if self._sftp is not None:
             try:
                 self._sftp.close()
@@ -248,8 +267,14 @@ class SSHTransport:
 
     # -- files -----------------------------------------------------------------------
     def sftp(self):
+        """The connection's one SFTP session. Within gpurun's own transport it is used under
+        ``_sftp_lock`` (one request in flight at a time: see the module docstring)."""
         paramiko = _paramiko()
 
+        with self._lock:
+            return self._open_sftp(paramiko)
+
+    def _open_sftp(self, paramiko):
         if self._sftp is None or not self._alive():
             client = self.connect()
             try:
@@ -279,27 +304,29 @@ class SSHTransport:
         target = sftp_path(remote_path)
         parent, base = posixpath.split(target)
         tmp = posixpath.join(parent, f".{base}.gpurun-{uuid.uuid4().hex[:8]}")
-        sftp = self.sftp()
-        try:
-            self._mkdirs(sftp, parent)
-            sftp.put(local_path, tmp)
-            sftp.chmod(tmp, os.stat(local_path).st_mode & 0o777)
-            sftp.posix_rename(tmp, target)
-        except OSError as exc:
+        with self._sftp_lock:
+            sftp = self.sftp()
             try:
-                sftp.remove(tmp)
-            except OSError:
-                pass
-            raise TransportError(f"{self.name}: cannot write {remote_path}: {_reason(exc)}",
-                                 hint="check free space and permissions on the box",
-                                 retryable=False) from None
+                self._mkdirs(sftp, parent)
+                sftp.put(local_path, tmp)
+                sftp.chmod(tmp, os.stat(local_path).st_mode & 0o777)
+                sftp.posix_rename(tmp, target)
+            except OSError as exc:
+                try:
+                    sftp.remove(tmp)
+                except OSError:
+                    pass
+                raise TransportError(f"{self.name}: cannot write {remote_path}: {_reason(exc)}",
+                                     hint="check free space and permissions on the box",
+                                     retryable=False) from None
 
     def get(self, remote_path: str, local_path: str) -> None:
         local = Path(local_path)
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.gpurun-{uuid.uuid4().hex[:8]}")
         try:
-            self.sftp().get(sftp_path(remote_path), str(tmp))
+            with self._sftp_lock:
+                self.sftp().get(sftp_path(remote_path), str(tmp))
             os.replace(tmp, local)
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)

@@ -132,23 +132,24 @@ def _tar(t: "SSHTransport", src: Path, abs_dir: str, matcher: Matcher) -> dict:
 
 
 def _sftp(t: "SSHTransport", src: Path, abs_dir: str, matcher: Matcher) -> dict:
-    sftp = t.sftp()
-    files = total = 0
-    made: set[str] = set()
-    for rel, path in walk(src, matcher):
-        target = posixpath.join(abs_dir, rel)
-        parent = posixpath.dirname(target)
-        if parent not in made:
-            t._mkdirs(sftp, parent)
-            made.add(parent)
-        if path.is_symlink():
-            try:
-                sftp.remove(target)
-            except OSError:
-                pass
-            sftp.symlink(os.readlink(path), target)
-            continue
-        t.put(str(path), target)
-        files += 1
-        total += path.stat().st_size
+    with t._sftp_lock:  # one SFTP request in flight per transport (ssh.py's docstring)
+        sftp = t.sftp()
+        files = total = 0
+        made: set[str] = set()
+        for rel, path in walk(src, matcher):
+            target = posixpath.join(abs_dir, rel)
+            parent = posixpath.dirname(target)
+            if parent not in made:
+                t._mkdirs(sftp, parent)
+                made.add(parent)
+            if path.is_symlink():
+                try:
+                    sftp.remove(target)
+                except OSError:
+                    pass
+                sftp.symlink(os.readlink(path), target)
+                continue
+            t.put(str(path), target)
+            files += 1
+            total += path.stat().st_size
     return {"method": "sftp", "files": files, "bytes": total}

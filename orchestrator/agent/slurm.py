@@ -1,6 +1,7 @@
 """Slurm as the host's scheduler: the batch script, ``sbatch``, ``scancel``, and reading
 ``squeue`` / ``scontrol``. Used by the verb processes on a login node whose config says
-``scheduler: slurm`` (no daemon runs there: Slurm is the scheduler and the durable queue).
+``scheduler: slurm`` (no daemon runs there: Slurm is the scheduler and the durable queue),
+through the hooks of ``agent/backend.SlurmBackend``.
 
 A queued row without a ``backend_id`` is submitted by the next verb: its ``runs/<id>/spec.json``
 (everything the in-allocation wrapper ``agent/slurmjob`` needs, since the compute node never

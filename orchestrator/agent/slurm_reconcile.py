@@ -1,6 +1,7 @@
 """Slurm host: the store brought up to date with Slurm and the run dirs, by compare-and-set.
 
-No daemon runs on a login node, so every verb that reads jobs first calls ``sync``: queued rows
+No daemon runs on a login node, so every verb that reads jobs first calls ``sync`` (through
+``agent/backend.SlurmBackend``, whose hooks the changing verbs call too): queued rows
 without a Slurm job id are submitted (``slurm.submit_pending``), then one ``squeue`` call for all
 jobs (``scontrol show job`` for an active one squeue forgot) and the files the in-allocation
 wrapper (``agent/slurmjob``) wrote in each run dir decide each row's move:

@@ -203,6 +203,47 @@ def _rle(seq: List[str]) -> str:
     return " ".join(out)
 
 
+CLASSES = ("non-finite", "divergence", "other")
+# the issue's latency targets after onset: non-finite losses in logged points, divergence in checks
+TARGETS = {"non-finite": ("latency_points", 2), "divergence": ("latency_checks", 2)}
+
+
+def failure_class(label: Optional[str]) -> str:
+    """The failure class of a label: non-finite (``nan``, ``nan_not_printed``, ``inf...``),
+    divergence (``diverged``, ``diverging_per_title``, ``spike_unrecovered``), or other
+    (collapse to zero, plateau, frozen at an absurd value, ...)."""
+    lab = (label or "").lower()
+    if lab.startswith(("nan", "inf", "nonfinite")):
+        return "non-finite"
+    if lab.startswith(("diverg", "spike_unrecovered", "explod")):
+        return "divergence"
+    return "other"
+
+
+def by_class(results: List[dict]) -> Dict[str, dict]:
+    """Recall and latency after onset per failure class (STOP files only). ``latency_points``:
+    logged loss points after the onset point when the first STOP came (0: at the onset point's
+    own check); ``latency_checks``: checks that saw the onset, up to and with the STOP."""
+    out: Dict[str, dict] = {}
+    for c in CLASSES:
+        rs = [r for r in results if r["expected"] == "STOP" and failure_class(r.get("label")) == c]
+        if not rs:
+            continue
+        hits = [r for r in rs if r["outcome"] == "HIT"]
+        lp = sorted(r["latency_points"] for r in hits if "latency_points" in r)
+        lc = sorted(r["latency_checks"] for r in hits if "latency_checks" in r)
+        row = {"files": len(rs), "hits": len(hits), "latency_points_median": _median(lp),
+               "latency_points_max": lp[-1] if lp else None, "latency_checks_median": _median(lc),
+               "latency_checks_max": lc[-1] if lc else None}
+        if c in TARGETS:
+            key, lim = TARGETS[c]
+            row["target"] = "%s <= %d" % (key.split("_")[1], lim)
+            row["within_target"] = "%d/%d" % (sum(1 for r in hits if r.get(key, lim + 1) <= lim), len(hits))
+            row["over_target"] = [(r["file"], r.get(key)) for r in hits if r.get(key, lim + 1) > lim]
+        out[c] = row
+    return out
+
+
 def summarize(results: List[dict]) -> dict:
     stop = [r for r in results if r["expected"] == "STOP"]
     ok = [r for r in results if r["expected"] == "NOT_STOP"]
@@ -221,6 +262,7 @@ def summarize(results: List[dict]) -> dict:
             "false_stop_files": [r["file"] for r in ok if r["outcome"] == "FALSE_STOP"],
             "latency_points_median": _median(lat_p), "latency_points_max": lat_p[-1] if lat_p else None,
             "latency_checks_median": _median(lat_c), "latency_checks_max": lat_c[-1] if lat_c else None,
+            "by_class": by_class(results),
             "checks": sum(r["checks"] for r in results),
             "seconds": round(sum(r["seconds"] for r in results), 1)}
 
@@ -252,6 +294,23 @@ def print_corpus(name: str, results: List[dict], summ: dict) -> None:
               summ["latency_points_max"], summ["latency_checks_max"]))
 
 
+def print_classes(summ: dict) -> None:
+    """The latency table per failure class (80 columns)."""
+    print("  %-11s %7s %-16s %-16s %s" % ("class", "caught", "points med/max", "checks med/max", "target"))
+    for c, row in summ["by_class"].items():
+        tgt = "%s: %s" % (row["target"], row["within_target"]) if "target" in row else "-"
+        print("  %-11s %7s %-16s %-16s %s" % (
+            c, "%d/%d" % (row["hits"], row["files"]),
+            "%s/%s" % (_g(row["latency_points_median"]), _g(row["latency_points_max"])),
+            "%s/%s" % (_g(row["latency_checks_median"]), _g(row["latency_checks_max"])), tgt))
+        for f, v in row.get("over_target", []):
+            print("    over target: %s (%s)" % (f, v))
+
+
+def _g(x) -> str:
+    return "-" if x is None else "%g" % x
+
+
 def _short(rle: str, n: int = 60) -> str:
     return rle if len(rle) <= n else rle[:n - 3] + "..."
 
@@ -266,6 +325,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     dirs = a.dirs or [d for d in DEFAULT_DIRS if os.path.isfile(os.path.join(d, "labels.json"))]
     out: Dict[str, dict] = {}
+    every: List[dict] = []
     for d in dirs:
         if not os.path.isfile(os.path.join(d, "labels.json")):
             print("%s: no labels.json there (hint: pass a corpus folder such as tests/quality/corpus/dev)" % d,
@@ -278,6 +338,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         out[name] = {"summary": summ, "files": results}
         if not a.json:
             print_corpus(name, results, summ)
+            print_classes(summ)
+        every += results
+    if len(out) > 1:  # the total over every corpus scored
+        summ = summarize(every)
+        out["total"] = {"summary": summ}
+        if not a.json:
+            print("== total: recall %s; false STOPs %s; early STOPs %d" % (
+                summ["recall"], summ["false_stops"], len(summ["early_stops"])))
+            print_classes(summ)
     if a.json:
         json.dump(out, sys.stdout, indent=1, default=str)
         print()

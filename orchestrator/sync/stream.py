@@ -38,12 +38,17 @@ from orchestrator.sync.transfer import (
     _start_offset,
     prefix_hasher,
 )
+from orchestrator.sync.ranges import drop as drop_record
+from orchestrator.sync.ranges import load, plan, range_command, save, settle
 
 MARK = b"GPURUN-STREAM-5c1e\n"
 MAX_NOISE = 1 << 20       # login noise before the marker; more than this is not a shell's greeting
 PIPE_SIZE = 1 << 20       # a bigger pipe from ssh: fewer, larger reads (64 KiB by default)
 PROGRESS_EVERY = 4 << 20  # report progress every 4 MiB, not on every read
 _F_SETPIPE_SZ = 1031      # fcntl.F_SETPIPE_SZ (Linux), absent from older fcntl modules
+STREAMS = 2               # ssh connections for one large file (sync.ranges says why)
+RANGED_MIN = 256 << 20    # below this many missing bytes, one stream: a second login is not worth it
+RECORD_EVERY = 32 << 20   # a range's progress reaches its sidecar every 32 MiB
 
 
 def remote_command(remote: str, start: int) -> str:
@@ -58,65 +63,274 @@ def remote_command(remote: str, start: int) -> str:
 
 
 def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, size: int,
-               on_progress: Progress, timeout_s: float, bwlimit_kbps: int = 0) -> Optional[Fetched]:
-    """Append ``remote``'s bytes from the partial's length up to ``size`` to ``partial``,
-    hashing as they arrive. None: the box cannot stream (no ``cat``/``tail``, not a POSIX
-    shell), use rsync. Raises TransportError when the link or the box's read fails (the bytes already
-    appended stay: the next pass resumes), LocalWriteError when home cannot write."""
+               on_progress: Progress, timeout_s: float, bwlimit_kbps: int = 0,
+               streams: int = STREAMS) -> Optional[Fetched]:
+    """Bring ``partial`` up to ``remote``'s first ``size`` bytes, hashing as they arrive: one
+    stream appended to the partial, or, for ``RANGED_MIN`` bytes or more still missing,
+    ``streams`` streams of a byte range each (a resumed ranged partial goes on that way).
+    None: the box cannot stream (no ``cat``/``tail``/``dd``, not a POSIX shell), use rsync.
+    Raises TransportError when the link or the box's read fails (the bytes already written
+    stay: the next pass resumes), LocalWriteError when home cannot write."""
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    ranges = load(partial, size)
+    if ranges is None:
+        start = _start_offset(partial, size)
+        if streams > 1 and size - start >= RANGED_MIN:
+            ranges = plan(start, size, streams)
+    if ranges is not None and len(ranges) > 1:
+        return _ranged(ssh_argv, target, remote, partial, size, ranges, on_progress, timeout_s, bwlimit_kbps)
+    if ranges is not None:  # a record of one range: a plain prefix
+        settle(partial, size)
     start = _start_offset(partial, size)
     h = prefix_hasher(partial, start)
     if start >= size:
         return Fetched(h.hexdigest(), start, 0, start, "ssh-stream")  # all here already (or empty): verify it
-    argv = [*ssh_argv, target, remote_command(remote, start)]
-    with tempfile.TemporaryFile() as errf:
-        group = TransferGroup(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errf, bufsize=0)
-        proc = group.proc
-        rx = _Receiver(partial, start, size, h, on_progress, bwlimit_kbps)
-        try:
-            rx.run(proc.stdout.fileno(), timeout_s)
-            if rx.pos < size or not rx.started:
-                try:
-                    proc.wait(timeout=30)  # end of stream: ssh is exiting, let it say how
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            proc.stdout.close()
-            group.close()  # a stream cut at ``size`` (the file grew) ends here
-        errf.seek(0)
-        err = errf.read()[-2000:].decode(errors="replace").strip()
-    code = proc.returncode
-    if rx.pos == start and (code == 127 or (code != 255 and not rx.started)):
+    wfd = _open(partial)
+    hasher = _HashThread(h, wfd, start, _range_flusher())
+    rx = _Receiver(partial, wfd, start, size, 0, bwlimit_kbps * 1024.0, hasher, _every(on_progress))
+    try:
+        link = _Link(ssh_argv, target, remote_command(remote, start))
+        link.run(rx, timeout_s)
+    finally:
+        hasher.close()  # every block handed over is hashed before the digest is read
+        os.close(wfd)
+    if link.cannot(rx):
         return None  # no cat/tail there (127), or a shell that did not run our command: rsync
-    if not rx.started:
-        raise TransportError(f"ssh stream of {remote} failed (exit {code}): {err[-300:]}",
-                             "run the pull again: it resumes from the bytes already here")
-    if rx.pos < size and code != 0:
-        raise TransportError(f"ssh stream of {remote} stopped at byte {rx.pos} (exit {code}): {err[-300:]}",
-                             "run the pull again: it resumes from the bytes already here")
+    link.check(rx, size, remote)
     on_progress(rx.pos)
-    return Fetched(h.hexdigest(), rx.pos, rx.pos - start + len(MARK), start, "ssh-stream")
+    return Fetched(h.hexdigest(), rx.pos, rx.got + len(MARK), start, "ssh-stream")
+
+
+def _open(partial: Path) -> int:
+    try:  # no O_APPEND: ranges are written at their offsets (pwrite appends under O_APPEND)
+        return os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise LocalWriteError(exc.errno, exc.strerror, str(partial)) from None
+
+
+def _every(on_progress: Progress) -> Callable[[int], None]:
+    """``on_progress`` every PROGRESS_EVERY bytes, not on every block."""
+    last = [0]
+
+    def note(pos: int) -> None:
+        if pos - last[0] >= PROGRESS_EVERY:
+            on_progress(pos)
+            last[0] = pos
+    return note
+
+
+class _Link:
+    """One ssh running the box's command, its stderr kept for the error message."""
+
+    def __init__(self, ssh_argv: list[str], target: str, command: str):
+        self.argv = [*ssh_argv, target, command]
+        self.code: Optional[int] = None
+        self.err = ""
+        self.group: Optional[TransferGroup] = None
+
+    def run(self, rx: "_Receiver", timeout_s: float) -> None:
+        with tempfile.TemporaryFile() as errf:
+            self.group = TransferGroup(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=errf, bufsize=0)
+            proc = self.group.proc
+            try:
+                rx.run(proc.stdout.fileno(), timeout_s)
+                if rx.pos < rx.end or not rx.started:
+                    try:
+                        proc.wait(timeout=30)  # end of stream: ssh is exiting, let it say how
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                proc.stdout.close()
+                self.group.close()  # a stream cut at its end (the file grew) ends here
+            errf.seek(0)
+            self.err = errf.read()[-2000:].decode(errors="replace").strip()
+        self.code = proc.returncode
+
+    def cannot(self, rx: "_Receiver") -> bool:
+        """The box cannot stream: no such command (127), or a shell that did not run ours."""
+        return rx.got == 0 and (self.code == 127 or (self.code != 255 and not rx.started))
+
+    def check(self, rx: "_Receiver", end: int, remote: str) -> None:
+        if not rx.started:
+            raise TransportError(f"ssh stream of {remote} failed (exit {self.code}): {self.err[-300:]}",
+                                 "run the pull again: it resumes from the bytes already here")
+        if rx.pos < end and self.code != 0:
+            raise TransportError(f"ssh stream of {remote} stopped at byte {rx.pos} (exit {self.code}): "
+                                 f"{self.err[-300:]}", "run the pull again: it resumes from the bytes already here")
+
+
+class _Record:
+    """The ranges' progress shared by their receivers: written to the sidecar every
+    RECORD_EVERY bytes of a range (after the bytes), and waited on by the hash of later ranges."""
+
+    def __init__(self, partial: Path, size: int, ranges: list[list[int]]):
+        self.partial, self.size, self.ranges = partial, size, ranges
+        self.ended = [p >= e for _b, p, e in ranges]
+        self.saved = [p for _b, p, _e in ranges]
+        self.cond = threading.Condition()
+        save(partial, size, ranges)  # before any byte lands past the prefix
+
+    def advance(self, k: int, pos: int) -> None:
+        with self.cond:
+            self.ranges[k][1] = pos
+            if pos - self.saved[k] >= RECORD_EVERY:
+                save(self.partial, self.size, self.ranges)
+                self.saved[k] = pos
+            self.cond.notify_all()
+
+    def end(self, k: int) -> None:
+        with self.cond:
+            self.ended[k] = True
+            save(self.partial, self.size, self.ranges)
+            self.cond.notify_all()
+
+    def wait(self, k: int, beyond: int, timeout: float) -> tuple[int, bool]:
+        """(bytes written up to, ended) of range ``k`` once past ``beyond`` or ended."""
+        with self.cond:
+            if self.ranges[k][1] <= beyond and not self.ended[k]:
+                self.cond.wait(timeout)
+            return self.ranges[k][1], self.ended[k]
+
+    def done(self) -> int:
+        return sum(p - b for b, p, _e in self.ranges)
+
+
+def _ranged(ssh_argv: list[str], target: str, remote: str, partial: Path, size: int,
+            ranges: list[list[int]], on_progress: Progress, timeout_s: float,
+            bwlimit_kbps: int) -> Optional[Fetched]:
+    """One ssh per unfinished range, each written at its offset by a thread of its own. The
+    first unfinished range (the lead) is hashed as it arrives; the ranges after it are hashed
+    from the page cache once the lead is in (SHA-256 is sequential), while they still arrive."""
+    rec = _Record(partial, size, ranges)
+    lead = next((k for k, r in enumerate(ranges) if r[1] < r[2]), len(ranges))
+    resumed = ranges[lead][1] if lead < len(ranges) else size
+    h = prefix_hasher(partial, resumed)  # every range before the lead is complete
+    todo = [k for k, r in enumerate(ranges) if r[1] < r[2]]
+    wfd = _open(partial)
+    flush = _range_flusher()
+    rate = bwlimit_kbps * 1024.0 / max(1, len(todo))
+    hasher = _HashThread(h, wfd, resumed, flush) if todo else None
+    links: dict[int, _Link] = {}
+    rxs: dict[int, _Receiver] = {}
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+    for k in todo:
+        _b, p, e = ranges[k]
+        cmd, drop = range_command(remote, MARK.decode().strip(), p, e, k == len(ranges) - 1)
+        note = (lambda pos, k=k: rec.advance(k, pos))
+        rxs[k] = _Receiver(partial, wfd, p, e, drop, rate, hasher if k == lead else None, note, flush)
+        links[k] = _Link(ssh_argv, target, cmd)
+        threads.append(threading.Thread(target=_run_range, args=(links[k], rxs[k], rec, k, timeout_s, errors),
+                                        name=f"gpurun-range-{k}", daemon=True))
+    for t in threads:
+        t.start()
+    rfd = os.open(partial, os.O_RDONLY)
+    try:
+        while threads and threads[0].is_alive():  # the lead: hashed as it comes
+            threads[0].join(0.25)
+            on_progress(rec.done())
+        if hasher is not None:
+            hasher.close()
+            hasher = None
+        hashed = _hash_after(rec, h, rfd, lead, on_progress)
+        for t in threads:
+            while t.is_alive():
+                t.join(0.25)
+                on_progress(rec.done())
+    finally:
+        if hasher is not None:
+            hasher.close()
+        for link in links.values():
+            if link.group is not None:
+                link.group.kill()  # an error elsewhere: the other ranges stop too (their bytes stay)
+        for t in threads:
+            t.join()
+        os.close(rfd)
+        os.close(wfd)
+    for exc in errors:
+        if isinstance(exc, LocalWriteError):
+            raise exc
+    if any(links[k].code == 127 for k in todo) or (todo and all(links[k].cannot(rxs[k]) for k in todo)):
+        return None  # no dd there, or a shell that did not run the command: rsync (it settles the record)
+    for exc in errors:
+        raise exc
+    for k in todo:
+        links[k].check(rxs[k], ranges[k][2], remote)
+    wire = sum(rx.got + len(MARK) for rx in rxs.values())
+    if hashed == size:
+        drop_record(partial)  # a plain complete file now: the engine verifies, renames or deletes it
+    on_progress(rec.done())
+    return Fetched(h.hexdigest(), hashed, wire, resumed, "ssh-stream")
+
+
+def _run_range(link: _Link, rx: "_Receiver", rec: _Record, k: int, timeout_s: float,
+               errors: list) -> None:
+    try:
+        link.run(rx, timeout_s)
+    except BaseException as exc:  # handed to the caller's thread, which raises it
+        errors.append(exc)
+    finally:
+        rec.end(k)
+
+
+def _hash_after(rec: _Record, h, rfd: int, lead: int, on_progress: Progress) -> int:
+    """Hash the ranges after the lead from the partial as their bytes land; returns how far
+    the file is hashed (the size, unless a range ended short)."""
+    ranges = rec.ranges
+    if lead >= len(ranges):
+        return rec.size
+    at = ranges[lead][1]
+    if at < ranges[lead][2]:
+        return at  # the lead ended short: nothing after it counts
+    buf = bytearray(CHUNK)
+    for k in range(lead + 1, len(ranges)):
+        while at < ranges[k][2]:
+            pos, ended = rec.wait(k, at, 0.25)
+            on_progress(rec.done())
+            if pos <= at:
+                if ended:
+                    return at
+                continue
+            while at < pos:
+                n = os.preadv(rfd, [memoryview(buf)[:min(CHUNK, pos - at)]], at)
+                if n <= 0:
+                    return at
+                h.update(memoryview(buf)[:n])
+                at += n
+    return at
 
 
 class _Receiver:
-    """Reads ssh's stdout: skips login noise up to the marker, then appends every block to the
-    partial and to the hash, paced to ``bwlimit_kbps`` KiB/s when set (as rsync's --bwlimit)."""
+    """Reads one ssh's stdout: skips login noise up to the marker and the ``drop`` bytes
+    before the range, then writes every block at its offset in the partial, up to ``end``,
+    paced to ``rate`` bytes/s when set (as rsync's --bwlimit). With a ``hasher`` each block
+    goes on to the hashing thread; without, the block's writeback starts here."""
 
-    def __init__(self, partial: Path, start: int, size: int, h, on_progress: Progress, bwlimit_kbps: int):
-        self.partial = partial
-        self.pos = start
-        self.start = start
-        self.size = size
-        self.h = h
-        self.on_progress = on_progress
-        self.rate = bwlimit_kbps * 1024.0
+    def __init__(self, path: Path, wfd: int, pos: int, end: int, drop: int, rate: float,
+                 hasher: Optional["_HashThread"], note: Callable[[int], None],
+                 flush: Optional[Callable[[int, int, int], object]] = None):
+        self.path = str(path)
+        self.wfd = wfd
+        self.pos = self.start = self.flushed = pos
+        self.end = end
+        self.drop = drop
+        self.rate = rate
+        self.hasher = hasher
+        self.note = note
+        self.flush = flush
+        self.got = 0  # payload bytes received (the dropped ones too: they crossed the link)
         self.started = False
         self.noise = b""
+        self.own = bytearray(CHUNK) if hasher is None else None
+
+    def _buffer(self) -> bytearray:
+        return self.hasher.buffer() if self.hasher is not None else self.own
 
     def run(self, rfd: int, stall_s: float) -> None:
-        """Until ``size`` bytes are in, the stream ends, or nothing arrived for ``stall_s``
-        (a stall, not the whole file's time: a 500 GB checkpoint may take hours). Reads fill a
-        whole CHUNK before it is written and handed to the hashing thread: one write and one
-        hand-off per MiB, whatever sizes the pipe delivers."""
+        """Until ``end``, the end of the stream, or nothing arrived for ``stall_s`` (a stall,
+        not the whole file's time: a 500 GB checkpoint may take hours). Reads fill a whole
+        CHUNK before it is written: one write and one hand-off per MiB."""
         try:
             import fcntl
 
@@ -127,55 +341,71 @@ class _Receiver:
         poller = select.poll()
         poller.register(rfd, select.POLLIN | select.POLLHUP)
         self._t0 = time.monotonic()
-        self._reported = self.start
         deadline = self._t0 + stall_s
-        try:
-            self._wfd = os.open(self.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None
-        hasher = _HashThread(self.h, self._wfd, self.start, _range_flusher())
-        buf, fill = hasher.buffer(), 0
-        try:
-            while self.pos + fill < self.size:
-                try:  # non-blocking: a poll only when the pipe is empty, not before every read
-                    n = os.readv(rfd, [memoryview(buf)[fill:]])
-                except BlockingIOError:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TransportError(f"ssh stream stalled at byte {self.pos + fill}: nothing "
-                                             f"came for {stall_s:.0f} s",
-                                             "run the pull again: it resumes from the bytes already here")
-                    if not poller.poll(min(1000, int(left * 1000) + 1)) and fill:
-                        self._emit(hasher, buf, fill)  # a slow link: what did come is written now
-                        buf, fill = hasher.buffer(), 0
+        buf, fill = self._buffer(), 0
+        while self.pos + fill < self.end:
+            try:  # non-blocking: a poll only when the pipe is empty, not before every read
+                n = os.readv(rfd, [memoryview(buf)[fill:]])
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportError(f"ssh stream stalled at byte {self.pos + fill}: nothing "
+                                         f"came for {stall_s:.0f} s",
+                                         "run the pull again: it resumes from the bytes already here")
+                if not poller.poll(min(1000, int(left * 1000) + 1)) and fill:
+                    self._emit(buf, fill)  # a slow link: what did come is written now
+                    buf, fill = self._buffer(), 0
+                continue
+            if n == 0:
+                break  # end of stream: the caller reads ssh's exit status
+            deadline = time.monotonic() + stall_s
+            if not self.started or self.drop:
+                n = self._strip(buf, fill, n)
+                if not n:
                     continue
-                if n == 0:
-                    break  # end of stream: the caller reads ssh's exit status
-                deadline = time.monotonic() + stall_s
-                if not self.started:
-                    rest = self._after_mark(bytes(buf[fill:fill + n]))
-                    if rest is None:
-                        continue
-                    buf[fill:fill + len(rest)] = rest  # the payload's first bytes: within this read
-                    n = len(rest)
-                fill = min(fill + n, self.size - self.pos)  # the file grew on the box: the manifest's length
-                if fill == len(buf) or self.pos + fill >= self.size:
-                    self._emit(hasher, buf, fill)
-                    buf, fill = hasher.buffer(), 0
-            if fill:
-                self._emit(hasher, buf, fill)
-        finally:
-            hasher.close()  # every block handed over is hashed before the digest is read
-            os.close(self._wfd)
+            fill = min(fill + n, self.end - self.pos)  # the file grew on the box: cut at the end
+            if fill == len(buf) or self.pos + fill >= self.end:
+                self._emit(buf, fill)
+                buf, fill = self._buffer(), 0
+        if fill:
+            self._emit(buf, fill)
+        elif self.hasher is not None:
+            self.hasher.free.put(buf)  # unused: back to the free list
 
-    def _emit(self, hasher: "_HashThread", buf: bytearray, fill: int) -> None:
-        """Append ``buf[:fill]`` to the partial, hand it to the hash, keep the pace."""
-        self._write(self._wfd, memoryview(buf)[:fill])
-        hasher.submit(buf, fill)
+    def _strip(self, buf: bytearray, fill: int, n: int) -> int:
+        """Keep only payload in ``buf[fill:fill + n]`` (noise and marker out, then the first
+        ``drop`` bytes); returns how many bytes of payload are left there."""
+        data = bytes(buf[fill:fill + n])  # at most the first MiB or two: the copy is cheap
+        if not self.started:
+            rest = self._after_mark(data)
+            if rest is None:
+                return 0
+            data = rest
+        if self.drop:
+            cut = min(self.drop, len(data))
+            data, self.drop = data[cut:], self.drop - cut
+            self.got += cut
+        buf[fill:fill + len(data)] = data
+        return len(data)
+
+    def _emit(self, buf: bytearray, fill: int) -> None:
+        """Write ``buf[:fill]`` at its offset, hand it to the hash (or start its writeback),
+        report, keep the pace."""
+        block = memoryview(buf)[:fill]
+        done = 0
+        while done < fill:
+            try:
+                done += os.pwrite(self.wfd, block[done:], self.pos + done)
+            except OSError as exc:
+                raise LocalWriteError(exc.errno, exc.strerror, self.path) from None
+        if self.hasher is not None:
+            self.hasher.submit(buf, fill)
+        elif self.flush is not None and self.pos + fill - self.flushed >= WRITEBACK:
+            self.flush(self.wfd, self.flushed, self.pos + fill - self.flushed)
+            self.flushed = self.pos + fill
         self.pos += fill
-        if self.pos - self._reported >= PROGRESS_EVERY:
-            self.on_progress(self.pos)
-            self._reported = self.pos
+        self.got += fill
+        self.note(self.pos)
         if self.rate:
             ahead = (self.pos - self.start) / self.rate - (time.monotonic() - self._t0)
             if ahead > 0:
@@ -193,14 +423,6 @@ class _Receiver:
         self.started = True
         rest, self.noise = self.noise[at + len(MARK):], b""
         return rest
-
-    def _write(self, wfd: int, block) -> None:
-        done = 0
-        while done < len(block):
-            try:
-                done += os.write(wfd, block[done:])
-            except OSError as exc:
-                raise LocalWriteError(exc.errno, exc.strerror, str(self.partial)) from None
 
 
 class _HashThread:

@@ -53,7 +53,12 @@ def prefix_hasher(path: Path, upto: int) -> "hashlib._Hash":
 
 
 def _start_offset(partial: Path, size: int) -> int:
+    """Where an append-only resume starts: the partial's length (a partial written in
+    ranges is cut to its contiguous prefix first, ``sync.ranges.settle``)."""
+    from orchestrator.sync.ranges import settle
+
     partial.parent.mkdir(parents=True, exist_ok=True)
+    settle(partial, size)
     have = partial.stat().st_size if partial.exists() else 0
     if have > size:  # the remote file shrank or was replaced: this partial is useless
         partial.unlink()

@@ -2,6 +2,7 @@
 """Issue 15 (items 3, 4, 5): cost of a job start and of ``queue status`` with a backlog.
 
     python bench/bench_backlog.py [--sizes 1000,10000,50000] [--gap-jobs 20] [--no-tsp] [--exec-wrapper]
+                                  [--job shell|plain|both] [--gap-only]
 
 For each backlog size N, in a throwaway XDG home on the ``local`` host with one slot:
 
@@ -17,7 +18,10 @@ With task-spooler installed (``tsp``, found on PATH), its gap on the same job li
 too, interleaved: right before each size, so both see the same load on a shared box (the floor
 of a queue that starts jobs from a C daemon). ``--exec-wrapper`` runs the agent with
 ``GPURUN_EXEC_WRAPPER=1`` (the wrapper exec'd as a second Python, as before ``agent/spawn``),
-for a before/after in one run. Prints one JSON document.
+for a before/after in one run. ``--job plain`` runs the same job as a script named by a plain
+command line (``/tmp/.../gapjob LEDGER``: the runner spawns it without ``bash -c``, see
+``agent/jobwrap``; task-spooler runs the same line), ``--job both`` measures both kinds.
+``--gap-only`` skips the status timings. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -56,6 +60,18 @@ def job_line(ledger: Path) -> str:
     return (f"echo s $(date +%s.%N) >> {ledger}; sleep 0.05; echo e $(date +%s.%N) >> {ledger}")
 
 
+def plain_line(ledger: Path) -> str:
+    """The same job as a ``#!/bin/sh`` script, named by a line of plain words (no ``bash -c``)."""
+    script = ledger.parent / "gapjob"
+    script.write_text('#!/bin/sh\necho s $(date +%s.%N) >> "$1"; sleep 0.05; echo e $(date +%s.%N) >> "$1"\n')
+    script.chmod(0o755)
+    return f"{script} {ledger}"
+
+
+def line_for(kind: str, ledger: Path) -> str:
+    return plain_line(ledger) if kind == "plain" else job_line(ledger)
+
+
 def gaps_of(ledger: Path) -> list[float]:
     rows = [l.split() for l in ledger.read_text().splitlines() if l.strip()]
     starts = [float(v) for k, v in rows if k == "s"]
@@ -73,7 +89,7 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_size(n: int, gap_jobs: int, exec_wrapper: bool = False) -> dict:
+def one_size(n: int, gap_jobs: int, exec_wrapper: bool = False, kind: str = "shell", gap_only: bool = False) -> dict:
     from orchestrator.agent.control import wake
     from orchestrator.agent.store import Store
 
@@ -96,7 +112,8 @@ def one_size(n: int, gap_jobs: int, exec_wrapper: bool = False) -> dict:
         return {"id": jid, "name": name, "command": command, "run_dir": str(runs / jid),
                 "log": str(runs / jid / "log.txt")}
 
-    rows = [row("gap-%03d" % i, job_line(ledger)) for i in range(gap_jobs)]
+    line = line_for(kind, ledger)
+    rows = [row("gap-%03d" % i, line) for i in range(gap_jobs)]
     rows += [row("backlog-%06d" % i, "sleep 1000") for i in range(n)]
     store = Store(str(state / "gpurun.db"))
     t = time.perf_counter()
@@ -111,16 +128,12 @@ def one_size(n: int, gap_jobs: int, exec_wrapper: bool = False) -> dict:
             break
         time.sleep(0.05)
     c1 = cpu_s(pid)
-    out = {"backlog": n, "load": round(os.getloadavg()[0], 2), "insert_s": round(insert_s, 2),
+    out = {"backlog": n, "job": kind, "load": round(os.getloadavg()[0], 2), "insert_s": round(insert_s, 2),
            **summary(gaps_of(ledger)),
            "agent_cpu_ms_per_start": round(1000 * (c1 - c0) / gap_jobs, 1)}
     time.sleep(0.5)  # the first backlog job (sleep 1000) is running now: N-1 queued
-    out["status_json_s"] = round(med(env, 3, "queue", "status", "--json"), 3)
-    out["status_piped_s"] = round(med(env, 3, "queue", "status"), 3)
-    out["status_tty_s"] = round(med(env, 3, "queue", "status", tty=True), 3)
-    if ALL_FLAG:
-        out["status_tty_all_s"] = round(med(env, 3, "queue", "status", "--all", tty=True), 3)
-        out["status_piped_all_s"] = round(med(env, 3, "queue", "status", "--all"), 3)
+    if not gap_only:
+        status_times(env, out)
     store.close()
     cli(env, "queue", "cancel", "--all", "--yes")
     time.sleep(0.5)
@@ -132,21 +145,31 @@ def one_size(n: int, gap_jobs: int, exec_wrapper: bool = False) -> dict:
     return out
 
 
-def tsp_gap(gap_jobs: int) -> dict | None:
+def status_times(env: dict, out: dict) -> None:
+    out["status_json_s"] = round(med(env, 3, "queue", "status", "--json"), 3)
+    out["status_piped_s"] = round(med(env, 3, "queue", "status"), 3)
+    out["status_tty_s"] = round(med(env, 3, "queue", "status", tty=True), 3)
+    if ALL_FLAG:
+        out["status_tty_all_s"] = round(med(env, 3, "queue", "status", "--all", tty=True), 3)
+        out["status_piped_all_s"] = round(med(env, 3, "queue", "status", "--all"), 3)
+
+
+def tsp_gap(gap_jobs: int, kind: str = "shell") -> dict | None:
     if not shutil.which("tsp"):
         return None
     tmp = Path(tempfile.mkdtemp(prefix="tsp-bench-"))
     env = dict(os.environ, TS_SOCKET=str(tmp / "sock"), TMPDIR=str(tmp))
     ledger = tmp / "ledger"
     subprocess.run(["tsp", "-S", "1"], env=env, check=True)
+    argv = ["sh", "-c", job_line(ledger)] if kind == "shell" else plain_line(ledger).split()
     for _ in range(gap_jobs):
-        subprocess.run(["tsp", "sh", "-c", job_line(ledger)], env=env, check=True, capture_output=True)
+        subprocess.run(["tsp", *argv], env=env, check=True, capture_output=True)
     subprocess.run(["tsp", "-w"], env=env, capture_output=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (ledger.exists() and ledger.read_text().count("e ") >= gap_jobs):
         time.sleep(0.05)
     subprocess.run(["tsp", "-K"], env=env, capture_output=True)
-    out = summary(gaps_of(ledger))
+    out = dict(summary(gaps_of(ledger)), job=kind)
     shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -157,15 +180,22 @@ def main() -> None:
     ap.add_argument("--gap-jobs", type=int, default=20)
     ap.add_argument("--no-tsp", action="store_true")
     ap.add_argument("--exec-wrapper", action="store_true", help="also each size with the exec'd wrapper")
+    ap.add_argument("--job", choices=("shell", "plain", "both"), default="shell",
+                    help="the gap jobs' line: shell syntax (bash -c), plain words (spawned directly), or both")
+    ap.add_argument("--gap-only", action="store_true", help="skip the status timings")
     a = ap.parse_args()
+    kinds = ("shell", "plain") if a.job == "both" else (a.job,)
     out: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
     out["runs"] = []
-    for n in a.sizes.split(","):  # interleaved: tsp, fork, exec'd, size by size
-        if not a.no_tsp:
-            out["runs"].append({"backlog": int(n), "tsp": tsp_gap(a.gap_jobs), "load": round(os.getloadavg()[0], 2)})
-        out["runs"].append(one_size(int(n), a.gap_jobs))
-        if a.exec_wrapper:
-            out["runs"].append(dict(one_size(int(n), a.gap_jobs, exec_wrapper=True), wrapper="exec"))
+    for n in a.sizes.split(","):  # interleaved: tsp, fork, exec'd, size by size and kind by kind
+        for kind in kinds:
+            if not a.no_tsp:
+                out["runs"].append({"backlog": int(n), "tsp": tsp_gap(a.gap_jobs, kind),
+                                    "load": round(os.getloadavg()[0], 2)})
+            out["runs"].append(one_size(int(n), a.gap_jobs, kind=kind, gap_only=a.gap_only))
+            if a.exec_wrapper:
+                out["runs"].append(dict(one_size(int(n), a.gap_jobs, exec_wrapper=True, kind=kind,
+                                                 gap_only=a.gap_only), wrapper="exec"))
     out["load_after"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))
 

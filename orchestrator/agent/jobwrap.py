@@ -9,7 +9,8 @@ environment passed to ``run``); where it cannot, it execs this module. It sits b
 job's end and the next one's start, so it starts lean: the daemon runs it
 with ``python3 -S`` (no site-packages scan) and it imports only ``os``, ``signal``, ``sys`` and
 ``time`` (``posix_spawn`` of the shell, not ``subprocess``, which costs more to import than
-the whole wrapper's work).
+the whole wrapper's work). A command line of plain words is spawned without its shell, as
+bash would exec it (``agent/plainexec``: the rule, and why the job cannot tell).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import signal
 import sys
 import time
 from typing import Optional
+
+from orchestrator.agent import plainexec
 
 
 def shell() -> str:
@@ -86,21 +89,37 @@ def _status_code(status: int) -> int:
     return 255
 
 
-def _spawn(argv: list, cwd: str, log_fd: int, env: Optional[dict] = None) -> int:
-    """Start ``argv`` in ``cwd``, stdin from /dev/null, stdout and stderr to the log.
+def _spawn(path: str, argv: list, log_fd: int, env: dict) -> int:
+    """Start ``path`` with ``argv`` in this process's directory (the job's: the caller moved
+    there), stdin from /dev/null, stdout and stderr to the log.
 
     ``posix_spawn`` (vfork + exec): a wrapper forked from the daemon holds the daemon's pages,
     and a ``fork`` here would copy their tables again between one job's end and the next one's
-    start. It has no working directory of its own, so the wrapper moves there itself (every
-    path it writes is absolute). A start that fails raises OSError: the caller logs it, 127."""
-    if cwd:
-        os.chdir(cwd)
+    start. A start that fails raises OSError."""
     # Python ignores SIGPIPE and SIGXFSZ; the job gets the defaults (as subprocess does). The
     # wrapper's own handlers for TERM/HUP/INT are reset to the default by exec.
     dfl = [getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n)]
-    return os.posix_spawn(argv[0], argv, os.environ if env is None else env, setsigdef=dfl, file_actions=[
+    return os.posix_spawn(path, argv, env, setsigdef=dfl, file_actions=[
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)])
+
+
+def _start_job(script: str, cwd: str, log_fd: int, env: dict) -> int:
+    """Start the job in ``cwd``: a plain line directly (``plainexec``), anything else, and a
+    plain line whose spawn fails, through the shell, which reports the failure as it would
+    anyway (``command not found``, 127). The wrapper has no working directory of its own, so
+    it moves there itself (every path it writes is absolute). Raises OSError: the caller logs
+    it, 127."""
+    if cwd:
+        os.chdir(cwd)
+    sh = shell()
+    direct = plainexec.argv_env(script, env, sh)
+    if direct is not None:
+        try:
+            return _spawn(direct[0], direct[1], log_fd, direct[2])
+        except OSError:
+            pass  # bash says what is wrong with it, in its words and with its exit code
+    return _spawn(sh, [sh, "-c", script], log_fd, env)
 
 
 def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str,
@@ -138,7 +157,7 @@ def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str
         except OSError:
             pass
         try:
-            pid = _spawn([shell(), "-c", script], cwd, log.fileno(), env)
+            pid = _start_job(script, cwd, log.fileno(), dict(env))
         except OSError as exc:
             log.write(("--- gpurun: could not start: %s\n" % exc).encode())
             done.append(127)

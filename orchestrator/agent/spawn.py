@@ -8,16 +8,18 @@ the wakeup fd) and runs ``jobwrap.run`` in-process; the only exec is the job's s
 What the exec'd wrapper had for free, the forked one gets here:
 
 * its marker in ``/proc/PID/environ``. The runner, the sweeper, the watchdog and reconcile
-  tell a job's wrapper from a reused pid by that file, which shows the environment the
-  process was exec'd with (the daemon's). The child overwrites that block in its own memory
-  (the kernel reads it from there) with the marker, run dir, job id and attempt; the job's
-  shell gets the full environment through ``execve``. When the daemon's environment block is
-  too short to hold those (not seen in practice), ``start`` returns None and the runner execs
-  the wrapper as before.
-* "whole or absent" start. The parent writes ``started.<attempt>`` (the child's pid) once the
-  child's environ carries the marker and before the child may run the job; the child waits on a pipe for that, and after EOF runs only if
-  the file names it. A daemon killed between fork and write leaves a child that exits without
-  running, and a requeue that costs no attempt: no job lost or doubled.
+  tell a job's wrapper from a reused pid by that file, which shows the environment block the
+  process was exec'd with (the daemon's). Right before the fork the daemon writes the job's
+  marker, run dir, job id and attempt over that block in its own memory (the kernel reads it
+  from there), and puts its own back right after: the child is marked from its first
+  instant, with no round trip, and the job's shell gets the full environment through
+  ``execve``. When the daemon's block is too short to hold those (not seen in practice),
+  ``start`` returns None and the runner execs the wrapper as before.
+* "whole or absent" start, as with the exec'd wrapper: the child writes ``started.<attempt>``
+  (its pid, temp file + rename) before it spawns the job. A daemon killed after the fork
+  leaves a marked child that runs the job and that the next daemon adopts (by the file, or by
+  marker before the file exists); one killed before it leaves a claim that is requeued at no
+  cost (no started file): no job lost or doubled.
 * no share in the daemon's state. The child never returns into the daemon's code (it ends in
   ``os._exit``), turns the garbage collector off (a collected SQLite connection must never
   checkpoint from a second process) and closes every inherited fd, the daemon's flock among
@@ -115,41 +117,29 @@ def start(args: List[str], env: Dict[str, str], marker: str) -> Optional[Child]:
     ident = _identity(env, marker)
     if ident is None:
         return None
-    started_file = args[0]
     try:  # the log exists once the start is recorded, as it did with the exec'd wrapper
         os.close(os.open(args[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
     except OSError:
         pass  # the wrapper meets the same error and the attempt ends with it
-    r, w = os.pipe()      # parent -> child: EOF once the start is recorded
-    rr, rw = os.pipe()    # child -> parent: "marked", its /proc environ names the job now
-    pid = os.fork()
-    if pid == 0:
-        os.close(w)
-        os.close(rr)
-        _child(r, rw, args, env, ident)  # never returns
-    os.close(r)
-    os.close(rw)
-    try:  # a started file must never name a pid whose /proc environ does not carry the marker
-        marked = os.read(rr, 1) == b"m"   # (a new daemon's reconcile would take it for a stranger)
-    finally:
-        os.close(rr)
-    if not marked:
-        os.close(w)
-        os.waitpid(pid, 0)
-        raise OSError("the forked job wrapper ended before it started")
+    mem = _layout()
+    envb, argb = ident
+    own = ctypes.string_at(mem[0], len(envb))  # type: ignore[union-attr]
+    # Born marked: the daemon's own block names the job for the length of the fork (no other
+    # thread reads markers, and the sweep skips the agent's pid), so the child carries the
+    # marker from its first instant, as an exec'd wrapper does, with no round trip to set it.
+    ctypes.memmove(mem[0], envb, len(envb))  # type: ignore[union-attr]
     try:
-        jobwrap.write_exit(started_file, pid, sync=False)  # as the exec'd wrapper wrote it
-    except OSError:
-        # a full disk: the child finds no file and exits without running; the claim is
-        # requeued as never started once the daemon has backed off
-        os.close(w)
-        os.waitpid(pid, 0)
+        pid = os.fork()
+    except BaseException:
+        ctypes.memmove(mem[0], own, len(own))  # type: ignore[union-attr]
         raise
-    os.close(w)  # the child's go: it runs if the file names it
+    if pid == 0:
+        _child(args, env, argb)  # never returns
+    ctypes.memmove(mem[0], own, len(own))  # type: ignore[union-attr]
     return Child(pid)
 
 
-def _child(r: int, ready: int, args: List[str], env: Dict[str, str], ident: tuple) -> None:
+def _child(args: List[str], env: Dict[str, str], argb: Optional[bytes]) -> None:
     code = 1
     try:
         gc.disable()
@@ -162,24 +152,12 @@ def _child(r: int, ready: int, args: List[str], env: Dict[str, str], ident: tupl
             os.dup2(null, fd)
         # every inherited fd goes: the store's, the daemon lock (a flock shared by fork would
         # keep the next daemon out), client sockets
-        lo, hi = sorted((r, ready))
-        os.closerange(3, lo)
-        os.closerange(lo + 1, hi)
-        os.closerange(hi + 1, 1 << 20)
-        mem = _layout()
-        envb, argb = ident
-        ctypes.memmove(mem[0], envb, len(envb))
+        os.closerange(3, 1 << 20)
         if argb is not None:
-            ctypes.memmove(mem[2], argb, len(argb))
-        os.write(ready, b"m")
-        os.close(ready)
-        while os.read(r, 64):  # EOF: the parent wrote the started file, or died trying
-            pass
-        os.close(r)
-        with open(args[0]) as f:
-            if f.read().strip() != str(os.getpid()):
-                os._exit(0)  # the daemon died before recording this start: the job is requeued
-        jobwrap.run(*args[:5], env=env, write_started=False)
+            ctypes.memmove(_layout()[2], argb, len(argb))  # type: ignore[index,union-attr]
+        # writes ``started`` (this pid, whole or absent) before it spawns the job, as the
+        # exec'd wrapper does: the marker is already in this process's /proc environ
+        jobwrap.run(*args[:5], env=env, write_started=True)
         code = 0
     except BaseException:  # noqa: BLE001 - never unwind into the daemon's loop
         code = 1

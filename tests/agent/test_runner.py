@@ -187,35 +187,3 @@ def test_forked_wrapper_is_its_own_session_marked_and_outlives_the_agent(home, t
     go.write_text("")
     done = wait_terminal(timeout=30)["jobs"][0]
     assert done["state"] == "failed" and done["exit_code"] == 3 and done["attempt"] == 1, done
-
-
-def test_fork_runs_nothing_until_the_start_is_recorded(tmp_path, monkeypatch):
-    """The forked child waits for the daemon's ``started`` file: when writing it fails (here a
-    full disk) the child exits without running the job, so a claim the daemon could not
-    record is requeued, never run behind its back; when it succeeds the job runs with its
-    environment and the exit code lands durably."""
-    from orchestrator.agent import jobwrap, spawn
-    ran = tmp_path / "ran"
-    env = dict(os.environ, GPURUN_JOB_TOKEN="jx:1", GPURUN_RUN_DIR=str(tmp_path), GPURUN_JOB_ID="jx",
-               GPURUN_ATTEMPT="1", GPURUN_ENV_FILE="", SEEN="yes")
-    args = [str(tmp_path / "started.1"), str(tmp_path / "exit.1"), str(tmp_path / "log.txt"), str(tmp_path),
-            f'echo "$SEEN $GPURUN_JOB_TOKEN" > {ran}; exit 5']
-
-    def full(*_a, **_k):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(jobwrap, "write_exit", full)
-    try:
-        spawn.start(args, env, "GPURUN_JOB_TOKEN")
-        raise AssertionError("the failed write must reach the daemon's disk-full back-off")
-    except OSError as exc:
-        assert exc.errno == 28
-    time.sleep(0.3)
-    assert not ran.exists() and not (tmp_path / "exit.1").exists()
-    monkeypatch.undo()
-    child = spawn.start(args, env, "GPURUN_JOB_TOKEN")
-    assert child is not None and int((tmp_path / "started.1").read_text()) == child.pid
-    deadline = time.time() + 10
-    while child.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert child.returncode == 0
-    assert ran.read_text() == "yes jx:1\n" and (tmp_path / "exit.1").read_text() == "5\n"

@@ -1,6 +1,6 @@
 """``gpurun watch``: a live view of hosts -> GPUs -> jobs and the watchdog's findings.
 
-Hosts are polled in parallel (one thread each, sessions kept open between polls); a host
+Hosts are polled in parallel (``core/fanout``, sessions kept open between polls); a host
 that fails shows its error and the others keep updating. ``--once --json`` is for scripts:
 strict JSON (a NaN or infinite loss is ``null``).
 
@@ -11,7 +11,6 @@ each with its latest quality verdict, and a line for every job judged STOP.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import math
 import sys
@@ -29,9 +28,11 @@ from orchestrator.errors import GpurunError
 SEV_STYLE = {"info": "dim", "warn": "yellow", "error": "red", "critical": "bold red"}
 
 
-def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float,
-         finished: int | None = None) -> list[dict]:
-    """One snapshot per host, in parallel. A failed host becomes ``{ok: false, error}``."""
+def poll(sessions: dict[str, Any], timeout: float, finished: int | None = None) -> list[dict]:
+    """One snapshot per host, in parallel (``core/fanout``), in the order of ``sessions``. A
+    failed host becomes ``{ok: false, error}``."""
+    from orchestrator.core.fanout import map_all
+
     def one(name: str) -> dict:
         t0 = time.monotonic()
         try:
@@ -40,12 +41,11 @@ def poll(sessions: dict[str, Any], pool: cf.ThreadPoolExecutor, timeout: float,
         except GpurunError as exc:
             return {"host": name, "ok": False, "error": str(exc), "elapsed_s": round(time.monotonic() - t0, 3)}
 
-    futs = {pool.submit(one, n): n for n in sessions}
-    done = {futs[f]: f.result() for f in cf.as_completed(futs)}
+    snaps = map_all(one, list(sessions))
     now = time.time()
-    for n, snap in done.items():
+    for n, snap in zip(sessions, snaps):
         snap["cost"] = cost_of(sessions[n].host, now)
-    return [done[n] for n in sessions]
+    return snaps
 
 
 def cost_of(entry: dict, now: float) -> dict | None:
@@ -265,7 +265,7 @@ def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool
             new = balancer()
             moves.extend(time.strftime("%H:%M:%S ") + m for m in new)
             del moves[:-10]
-        snaps = poll(sessions, pool, timeout, finished)
+        snaps = poll(sessions, timeout, finished)
         return hide_moved(snaps) if fleet is not None else snaps
 
     def shown(snaps: list[dict]) -> Any:
@@ -277,7 +277,7 @@ def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool
 
     entries = watch_targets(hosts)
     agentship.build()  # once, here: parallel first calls would race to write the same zipapp
-    with ExitStack() as stack, cf.ThreadPoolExecutor(max_workers=min(32, len(entries))) as pool:
+    with ExitStack() as stack:
         sessions = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
         if once or as_json:
             while True:

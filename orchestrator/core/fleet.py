@@ -16,7 +16,6 @@ moved there), so a submit never places a moving job a second time.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from orchestrator import fleets as fleetinv
 from orchestrator import hosts as hostinv
 from orchestrator.agent import states as S
+from orchestrator.core.fanout import map_all
 from orchestrator.errors import BadInput, FleetError, GpurunError
 
 if TYPE_CHECKING:
@@ -197,14 +197,6 @@ class FleetSubmit:
         return sum(len(r.present) for r in self.results)
 
 
-def _parallel(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-    """``fn`` over ``items`` in threads (one per member: each waits on its own box), in order."""
-    if len(items) <= 1:
-        return [fn(i) for i in items]
-    with cf.ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
-        return list(pool.map(fn, items))
-
-
 def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None, start: int = 1,
                  slots: Optional[int] = None, cwd: Optional[str] = None,
                  warnings: Optional[list[str]] = None) -> FleetSubmit:
@@ -256,7 +248,7 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
             except GpurunError as exc:
                 return name, exc
 
-        answers = dict(_parallel(look, sorted(clients)))
+        answers = dict(map_all(look, sorted(clients)))
         up = {n: a for n, a in answers.items() if not isinstance(a, GpurunError)}
         if not up:
             raise next(a for _, a in sorted(answers.items()))
@@ -288,7 +280,7 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
             res = cq.submit(clients[name], cq.SubmitPlan(clients[name].host, mine))
             return cq.SubmitResult(name, res.added, present + res.present, res.warnings, present + res.ids)
 
-        results = _parallel(send, sorted(up))
+        results = map_all(send, sorted(up))
     for r in results:
         notes += [f"{r.host}: {w}" for w in r.warnings]
     return FleetSubmit(fleet, results, notes)
@@ -345,7 +337,7 @@ def wait_fleet(results: list[SubmitResult], *, on_change: Callable[[list[dict]],
     with ExitStack() as stack:
         clients = {r.host: stack.enter_context(open_session(r.host)) for r in todo}
         while True:
-            rows = dict(_parallel(lambda r: (r.host, clients[r.host].status(r.ids)["jobs"]), todo))
+            rows = dict(map_all(lambda r: (r.host, clients[r.host].status(r.ids)["jobs"]), todo))
             every = [j for h in sorted(rows) for j in rows[h]]
             key = tuple((j["id"], j["state"], j["attempt"], (j.get("quality") or {}).get("verdict")) for j in every)
             if key != last and on_change:

@@ -9,10 +9,10 @@ capacity and nothing queued takes the queued jobs that would wait longest elsewh
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from typing import Any
 
 from orchestrator.agent import states as S
+from orchestrator.core.fanout import map_all
 from orchestrator.errors import GpurunError
 
 STATUS_TIMEOUT_S = 60.0
@@ -113,12 +113,7 @@ def look_all(members: list[Member], gpus: dict[str, int | None] | None = None) -
     seen lately, by member name."""
     live = [m for m in members if m.client is not None]
     known = gpus or {}
-    if len(live) <= 1:
-        for m in live:
-            m.refresh(known.get(m.name))
-        return
-    with cf.ThreadPoolExecutor(max_workers=min(32, len(live))) as pool:
-        list(pool.map(lambda m: m.refresh(known.get(m.name)), live))
+    map_all(lambda m: m.refresh(known.get(m.name)), live)
 
 
 def _movable(row: dict) -> bool:

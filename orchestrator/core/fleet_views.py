@@ -15,13 +15,13 @@ judged per member: nothing here stops a meter; the CLI asks and calls ``teardown
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from orchestrator.agent.states import MOVED
+from orchestrator.core.fanout import map_all, map_caught
 from orchestrator.errors import GpurunError, JobNotFound
 
 BALANCE_EVERY_S = 10.0  # watch and pull --loop rebalance at most this often
@@ -50,16 +50,8 @@ def members(fleet: str, warn: Optional[Callable[[str], None]] = None) -> list[st
 
 def _each(names: list[str], fn: Callable[[str], Any], max_workers: int = 16) -> dict[str, Any]:
     """``{name: fn(name)}`` in parallel; a GpurunError becomes ``{"error": message}``."""
-    def one(name: str) -> Any:
-        try:
-            return fn(name)
-        except GpurunError as exc:
-            return {"error": exc.message}
-
-    if not names:
-        return {}
-    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(names))) as pool:
-        return dict(zip(names, pool.map(one, names)))
+    return dict(zip(names, map_caught(fn, names, lambda _, exc: {"error": exc.message},
+                                      max_workers=max_workers)))
 
 
 def visible_jobs(results: list[dict]) -> list[dict]:
@@ -196,11 +188,8 @@ def pull_fleet(names: list[str], *, dest: Optional[str] = None, jobs: Optional[l
             except GpurunError as exc:
                 return {"host": name, "jobs": [], "done": False, "error": exc.message}
 
-        if parallel and len(left) > 1:
-            with cf.ThreadPoolExecutor(max_workers=min(8, len(left))) as pool:
-                got = dict(zip(left, pool.map(one, left)))
-        else:
-            got = {n: one(n) for n in left}
+        # one after the other (in this thread, stopping at an error) when progress bars draw
+        got = dict(zip(left, map_all(one, left, max_workers=8) if parallel else [one(n) for n in left]))
         if first and jobs and all(got[n].get("absent") for n in left):
             raise JobNotFound(f"no job {', '.join(jobs)!s} on any member ({', '.join(left)})",
                               "see the fleet's jobs with `gpurun queue status --fleet NAME`")
@@ -258,8 +247,7 @@ def judge_members(stack: Any, names: list[str], *, dest: Optional[str] = None, d
         except GpurunError as exc:
             g.error = exc.message
 
-    with cf.ThreadPoolExecutor(max_workers=min(16, max(1, len(gates)))) as pool:
-        list(pool.map(one, gates))
+    map_all(one, gates, max_workers=16)
     return gates
 
 

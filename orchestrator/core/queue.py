@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from orchestrator import hosts as hostinv
 from orchestrator.agent import states as S
 from orchestrator.agent.protocol import Job
-from orchestrator.errors import BadInput, GpurunError
+from orchestrator.errors import BadInput
 if TYPE_CHECKING:
     from orchestrator.queuefile import JobSpec
 
@@ -116,16 +116,10 @@ def status_all(max_workers: int = 32, *, table: bool = False, names: list[str] |
     if not names:
         return []
 
-    def one(name: str) -> dict[str, Any]:
-        try:
-            return {"host": name, "jobs": status(name, table=table)[1]}
-        except GpurunError as exc:
-            return {"host": name, "error": exc.message, "jobs": []}
-
-    import concurrent.futures as cf
-    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(names))) as pool:
-        results = dict(zip(names, pool.map(one, names)))
-    return [results[n] for n in names]
+    from orchestrator.core.fanout import map_caught
+    return map_caught(lambda name: {"host": name, "jobs": status(name, table=table)[1]}, names,
+                      lambda name, exc: {"host": name, "error": exc.message, "jobs": []},
+                      max_workers=max_workers)
 
 
 def _resolve(base: str | None, path: str | None, local: bool) -> str | None:

@@ -1,10 +1,10 @@
 """The queue verbs of ``orchestrator.agent.protocol``: submit, status, logs, cancel, retry, events.
 
 Client verbs only insert queued rows, set cancel flags, or (retry) start a new attempt of a
-finished job; everything else is the runner's. What the host's scheduler must hear of a change
-(Slurm: sbatch, scancel, hold) goes through its backend (``agent/backend``). The health, quality and sync rooms answer
-their own verbs (``verbs_health``, ``verbs_quality``, ``verbs_sync``); ``handlers`` maps
-every verb name to its function.
+finished job; everything else is the runner's. What the host's scheduler must hear of a
+change (Slurm: sbatch, scancel, hold) goes through its backend (``agent/backend``). The
+health, quality and sync rooms answer their own verbs (``verbs_health``, ``verbs_quality``,
+``verbs_sync``); ``handlers`` maps every verb name to its function.
 """
 
 from __future__ import annotations

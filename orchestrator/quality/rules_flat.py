@@ -1,6 +1,7 @@
 """Flat-loss rules: a loss that never left its first level (``flat_start`` WAIT, then
 ``no_learning`` STOP), a loss frozen to float precision (``frozen``), and a loss stuck exactly at
-a chance level ln(K) (``chance_stuck``).
+a chance level ln(K) (``chance_stuck``: the train loss within 0.15% of it, or the eval loss pinned
+to it to float precision, which only a uniform prediction gives).
 
 Why three: "flat" alone is the seed's *unsure* row (a plateau, or nothing learned?), so a flat
 start WAITs and asks the reviewer; it STOPs only with more evidence: a long flat span, a loss that
@@ -28,6 +29,9 @@ FLAT_MIN_POINTS = 13  # the judge's MIN_POINTS: a flat start is judged as soon a
 FLAT_REL, PRECISE = math.log(1 / 0.98), 0.03  # "within 2%", resolved to 3% or better
 FROZEN_LOGS, FROZEN_REL = 12, 1e-6  # 12 logs equal to 6 digits, and the value has more than 5
 CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
+# an eval loss within 1e-5 (relative) of ln(K): the loss of exactly uniform probabilities, to float32
+# precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
+CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
 
 
 def no_learning(run: Run, opts: dict) -> List[Finding]:
@@ -35,7 +39,7 @@ def no_learning(run: Run, opts: dict) -> List[Finding]:
     s = run.get("loss") or run.main_loss()
     if s is None or not len(s):
         return []
-    out = chance_stuck(s, run) or frozen(s)
+    out = chance_stuck(s, run) or chance_eval(s, run) or frozen(s)
     if out and out[0]["severity"] == "stop":
         return out
     return out + flat_start(s, run)
@@ -163,3 +167,37 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
     return [finding("chance_stuck", "warn" if warming else "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "K": K, "ln_K": _r(target), "logged_steps": distinct,
                      "lr_warming_up": warming}, H.no_learning(last, run), s.name)]
+
+
+def chance_eval(s: Series, run: Run) -> List[Finding]:
+    """The last ``CHANCE_STEPS`` evals of the eval (or val) loss pinned to one ln(K) to float
+    precision while the train loss ``s`` sits within 5% of it: the model predicts a uniform
+    distribution on held-out data (eval loss 1.3862943649 = ln 4 on a 4-option task while the
+    per-batch train loss wanders 1.383-1.418, too noisy for ``chance_stuck``'s 0.15% band)."""
+    ev = run.get("eval_loss") or run.get("val_loss")
+    if ev is None or ev is s or len(ev) < CHANCE_STEPS:
+        return []
+    last = ev.values[-CHANCE_STEPS:]
+    if not all(isfinite(v) and v > 0 for v in last):
+        return []
+    K = H.chance_level(last[-1], CHANCE_PINNED)
+    if not K:
+        return []
+    target = math.log(K)
+    if any(abs(v - target) > CHANCE_PINNED * target for v in last):
+        return []
+    tail = [v for v in s.values[-CHANCE_STEPS:] if isfinite(v)]
+    if len(tail) < 3 or abs(median(tail) - target) > CHANCE_TRAIN_BAND * target:
+        return []  # the train loss learned (or is elsewhere): not a dead model
+    steps = ev.steps[len(ev) - CHANCE_STEPS:]
+    lr = run.get("lr")
+    warming = False
+    if lr is not None:  # as chance_stuck: uniform outputs while the LR still rises are a warmup
+        seen = lr.upto(steps[-1])
+        i0 = bisect_left(seen.steps, steps[0])
+        during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
+        warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
+    return [finding("chance_stuck", "warn" if warming else "stop", steps[0],
+                    {"series": ev.name, "value": _r(last[-1]), "K": K, "ln_K": _r(target), "evals": CHANCE_STEPS,
+                     "train_recent": _r(median(tail)), "lr_warming_up": warming}, H.no_learning(last[-1], run),
+                    ev.name)]

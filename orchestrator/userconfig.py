@@ -1,7 +1,7 @@
 """The user config ``$XDG_CONFIG_HOME/gpurun/config.yaml``: its schema and its one reader.
 
 ``read_config`` is the only place the file is read (``core/pull.user_config`` calls it for
-``pull``, ``down`` and ``recover``). It checks the whole file once, with the profile schema's
+``pull``, ``down`` and ``recover``; ``core/fleet_state.lost_after_s`` for ``fleet``). It checks the whole file once, with the profile schema's
 validator (``profile_schema.Validator``), so a value of the wrong type (``pull: {dest: 5}``,
 ``interval_s: abc``), a non-finite number, bad UTF-8, a FIFO or a 1 GB file is one
 ``ConfigError`` naming file, line and key, never a traceback where the value is used.
@@ -57,7 +57,11 @@ S3 = Obj({
     "region": Str(check=_NONEMPTY),
 })
 
-SCHEMA = Obj({"pull": PULL, "s3": S3})
+# how long a fleet member may stay silent before its queue moves (``core/fleet_state``); at
+# most 30 days: a longer silence is a box that is gone, and --lost-after says so for one run
+FLEET = Obj({"lost_after_s": Num(minimum=0, maximum=30 * 86400)})
+
+SCHEMA = Obj({"pull": PULL, "s3": S3, "fleet": FLEET})
 
 
 class ConfigValidator(Validator):

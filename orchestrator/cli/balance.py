@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @click.option("--dry-run", is_flag=True, help="Say which jobs would move; move nothing.")
 @click.option("--lost-after", "lost_after", type=seconds(min=0), default=None, metavar="SECONDS",
               help="A host that has not answered for this long is lost and its queue moves to the others "
-                   "(default 120).")
+                   "(default: fleet.lost_after_s in config.yaml, else 120).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def balance(fleet: str | None, host: tuple[str, ...], dry_run: bool, lost_after: float | None,
             as_json: bool) -> None:
@@ -47,8 +47,7 @@ def balance(fleet: str | None, host: tuple[str, ...], dry_run: bool, lost_after:
     members = fleetcore.members(fleet, host, notes)
     for n in notes:
         click.echo(f"warning: {n}", err=True)
-    rep = core.balance(members, lost_after_s=core.LOST_AFTER_S if lost_after is None else lost_after,
-                       dry_run=dry_run)
+    rep = core.balance(members, lost_after_s=lost_after, dry_run=dry_run)  # None: config.yaml's
     if as_json:
         emit_json(rep.to_json())
     else:

@@ -47,7 +47,7 @@ from orchestrator.errors import GpurunError
 
 __all__ = ["LOST_AFTER_S", "BalanceReport", "balance", "balance_quietly"]
 
-LOST_AFTER_S = 120.0
+LOST_AFTER_S = FS.LOST_AFTER_S
 CRASH_ENV = "GPURUN_FLEET_CRASH_AT"
 _hits: dict[str, int] = {}
 
@@ -91,9 +91,11 @@ def _wire(move: dict) -> dict:
             "why": move["why"]}
 
 
-def balance(entries: list[dict], *, lost_after_s: float = LOST_AFTER_S, dry_run: bool = False,
+def balance(entries: list[dict], *, lost_after_s: float | None = None, dry_run: bool = False,
             lock_timeout_s: float = 300.0) -> BalanceReport:
-    """One rebalance of the fleet of ``entries`` (host inventory entries); see the module doc."""
+    """One rebalance of the fleet of ``entries`` (host inventory entries); see the module doc.
+    ``lost_after_s``: None for config.yaml's ``fleet.lost_after_s`` (``FS.lost_after_s``)."""
+    lost_after_s = FS.lost_after_s(lost_after_s)
     report = BalanceReport(dry_run=dry_run)
     with FS.locked(lock_timeout_s):
         data = FS.load()

@@ -3,7 +3,8 @@
 Two facts live here, and nothing else:
 
 - ``unreachable_since``: ``{host: first time it failed to answer}``; cleared when it answers.
-  A host unreachable for longer than ``lost_after_s`` is *lost* and its queue moves away.
+  A host unreachable for longer than ``lost_after_s`` (``--lost-after``, else config.yaml's
+  ``fleet.lost_after_s``, else 120 s) is *lost* and its queue moves away.
 - ``lost_moves``: ``{host: {job id: {"to", "state", "at"}}}``: where each job of a lost host
   went and what state it was in then. When the host answers again, its copies of those jobs
   are released (compare-and-set), so a job that was queued there never runs twice.
@@ -31,6 +32,20 @@ from orchestrator.errors import FleetError
 
 SCHEMA = "gpurun/FLEET-STATE/v1"
 GPU_TTL_S = 600.0
+LOST_AFTER_S = 120.0   # when neither --lost-after nor config.yaml's fleet.lost_after_s says
+
+
+def lost_after_s(flag: float | None = None) -> float:
+    """How long a member may stay silent before it is lost: ``flag`` (``--lost-after``) when
+    given, else ``fleet.lost_after_s`` in config.yaml, else ``LOST_AFTER_S``. A bad value in the
+    file is a ConfigError naming file, line and key (``userconfig`` checks the whole file)."""
+    if flag is not None:
+        return float(flag)
+    from orchestrator.userconfig import read_config
+
+    data, _ = read_config()
+    value = (data.get("fleet") or {}).get("lost_after_s")
+    return LOST_AFTER_S if value is None else float(value)
 
 
 def state_file() -> Path:

@@ -130,12 +130,17 @@ def move_lines(report: Any) -> list[str]:
 
 class Balancer:
     """Calls ``core/fleet_balance.balance_quietly(members)`` at most every ``every_s`` seconds
-    (a poll of ``watch`` may come every half second; a rebalance asks every member)."""
+    (a poll of ``watch`` may come every half second; a rebalance asks every member). The
+    ``fleet.lost_after_s`` of config.yaml is read here, once: a bad value stops the command
+    before its first poll (a ConfigError naming file, line and key), not every round."""
 
     def __init__(self, names: list[str], every_s: float = BALANCE_EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        from orchestrator.core.fleet_state import lost_after_s
+
         self.names, self.every_s, self.clock = list(names), every_s, clock
         self.last: Optional[float] = None
+        self.lost_after_s = lost_after_s()
 
     def __call__(self) -> list[str]:
         """The moves of this round as lines (none when it is not yet time)."""
@@ -146,7 +151,8 @@ class Balancer:
         from orchestrator.core.fleet_balance import balance_quietly
         from orchestrator.core.hosts import resolve
         try:
-            return move_lines(balance_quietly([resolve(n) for n in self.names]))
+            return move_lines(balance_quietly([resolve(n) for n in self.names],
+                                              lost_after_s=self.lost_after_s))
         except GpurunError as exc:  # a view or a pull goes on; the next round tries again
             return [f"balance: {exc.message}"]
 

@@ -1,11 +1,12 @@
 """Pull throughput, resume bytes and memory over a real loopback sshd (run as root).
 
-    python bench/bench_pull.py [--gb 1] [--rss-gb 10] [--rounds 5] [--default-cipher]
+    python bench/bench_pull.py [--gb 1] [--rss-gb 10] [--rounds 5] [--streams 2] [--default-cipher]
 
-1. a GB-sized file pulled with gpurun's engine (one ssh stream hashed while written, fsync,
+1. a GB-sized file pulled with gpurun's engine (``--streams`` ssh streams of a byte range
+   each, the first hashed while written, the others from the page cache after it; fsync,
    format check, atomic rename, marker) vs plain ``rsync -a`` over the same SSH link, and vs
-   the engine's previous way (rsync --append-verify + a reader hashing the growing partial),
-   interleaved in each round; medians, with the load average before and after;
+   the engine with one stream (the way before), interleaved in each round; medians, with
+   the load average before and after;
 2. a pull killed at 40 % and resumed: bytes on the wire reported by rsync;
 3. peak RSS of the pulling process for a ``--rss-gb`` sparse file (streaming hash);
 4. the box's side: the manifest of a running job whose 1 GiB checkpoint is seen for the first
@@ -121,6 +122,7 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--rss-gb", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--streams", type=int, default=2, help="parallel ssh streams of gpurun's pull")
     ap.add_argument("--default-cipher", action="store_true",
                     help="pull with OpenSSH's default cipher order, as plain rsync does (no AES-GCM first)")
     args = ap.parse_args()
@@ -157,16 +159,16 @@ def main() -> None:
             real_fsync(path)
             fsync_s[-1] += time.monotonic() - t
 
-        def gpurun_pull(stream: bool) -> None:
+        def gpurun_pull(streams: int) -> None:
             drop_local(work / "ours")
-            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, stream=stream)
+            fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, streams=streams)
             fsync_s.append(0.0)
             engine._fsync_path = timed_fsync
             try:
                 res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
             finally:
                 engine._fsync_path = real_fsync
-            if not stream:
+            if streams != args.streams:
                 fsync_s.pop()
             assert res.verified, res.as_dict()
 
@@ -174,8 +176,8 @@ def main() -> None:
             "plain rsync -a (default cipher)  ": lambda: rsync_plain(ssh_e),
             "plain rsync -a (gpurun's ciphers)": lambda: rsync_plain(ssh_same),
             "same + fsync (durable, like ours)": lambda: rsync_plain(ssh_same, durable=True),
-            "gpurun pull (incl. verify)       ": lambda: gpurun_pull(True),
-            "gpurun pull, rsync + read-back   ": lambda: gpurun_pull(False),
+            f"gpurun pull, {args.streams} streams (verified) ": lambda: gpurun_pull(args.streams),
+            "gpurun pull, 1 stream (before)   ": lambda: gpurun_pull(1),
         }
         wall: dict[str, list[float]] = {k: [] for k in runs}
         cpu: dict[str, list[float]] = {k: [] for k in runs}
@@ -200,13 +202,13 @@ def main() -> None:
         print(f"  of the gpurun pull, fsync before the rename (the VM's disk flush): median "
               f"{statistics.median(fsync_s):.2f} s, range {min(fsync_s):.2f}-{max(fsync_s):.2f} s")
         print(f"  ratio (rsync time / gpurun time, 1.0 = as fast): {q / o:.2f} of rsync with the same "
-              f"ciphers ({q / b:.2f} before), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
+              f"ciphers ({q / b:.2f} with one stream), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
         labels = list(runs)
         same, ours, old = wall[labels[1]], wall[labels[3]], wall[labels[4]]
         paired = statistics.median(a / c for a, c in zip(same, ours))
         print(f"  paired (median of the per-round ratios): {paired:.2f}; per round (s): "
               + "; ".join(f"{a:.2f}/{c:.2f}/{e:.2f}" for a, c, e in zip(same, ours, old))
-              + "  (rsync same ciphers / gpurun / before)")
+              + "  (rsync same ciphers / gpurun / one stream)")
 
         # resume: keep 40 % as a partial, pull again
         drop_local(work / "ours")

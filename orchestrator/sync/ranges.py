@@ -79,6 +79,14 @@ def load(partial: Path, size: int) -> Optional[list[Range]]:
     return ranges
 
 
+def peek(partial: Path, size: int) -> Optional[list[Range]]:
+    """The record as it stands, changing nothing (for a reader outside the pull's lock)."""
+    try:
+        return _parse(sidecar(partial).read_text(), size)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _parse(text: str, size: int) -> Optional[list[Range]]:
     lines = text.splitlines()
     if not lines or lines[0] != f"{HEADER} {size}":

@@ -202,12 +202,12 @@ def _ranged(ssh_argv: list[str], target: str, remote: str, partial: Path, size: 
     """One ssh per unfinished range, each written at its offset by a thread of its own. The
     first unfinished range (the lead) is hashed as it arrives; the ranges after it are hashed
     from the page cache once the lead is in (SHA-256 is sequential), while they still arrive."""
+    wfd = _open(partial)  # first: a record never names a partial that is not there
     rec = _Record(partial, size, ranges)
     lead = next((k for k, r in enumerate(ranges) if r[1] < r[2]), len(ranges))
     resumed = ranges[lead][1] if lead < len(ranges) else size
     h = prefix_hasher(partial, resumed)  # every range before the lead is complete
     todo = [k for k, r in enumerate(ranges) if r[1] < r[2]]
-    wfd = _open(partial)
     flush = _range_flusher()
     rate = bwlimit_kbps * 1024.0 / max(1, len(todo))
     hasher = _HashThread(h, wfd, resumed, flush) if todo else None

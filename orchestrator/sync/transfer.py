@@ -157,13 +157,14 @@ class RsyncFetcher:
 
     def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "",
                  timeout_s: float = 3600.0, fast_cipher: bool = True, bwlimit_kbps: int = 0,
-                 stream: bool = True):
+                 stream: bool = True, streams: int = 2):
         self.ssh_argv = ssh_argv  # None: the "remote" path is on this machine
         self.target = target      # user@host (or alias) for SSH
         self.timeout_s = timeout_s
         self.fast_cipher = fast_cipher
         self.bwlimit_kbps = bwlimit_kbps  # pull.bwlimit_kbps: share a thin link (0: no limit)
         self.stream = stream and ssh_argv is not None  # False once a box could not stream
+        self.streams = streams  # parallel ssh streams for one large file (sync.ranges)
 
     def _ssh_list(self) -> list[str]:
         argv = list(self.ssh_argv or [])
@@ -195,7 +196,7 @@ class RsyncFetcher:
             from orchestrator.sync.stream import ssh_stream  # it imports this module
 
             got = ssh_stream(self._ssh_list(), self.target, remote, partial, size, on_progress,
-                             self.timeout_s, self.bwlimit_kbps)
+                             self.timeout_s, self.bwlimit_kbps, self.streams)
             if got is not None:
                 return got
             self.stream = False  # this box cannot stream (no tail, odd shell): rsync from now on

@@ -177,7 +177,7 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
                                 reverify=reverify)
         clean_staging(root)
         row = res.as_dict()
-        row.update(name=job.get("name"), state=job.get("state"), method=fetcher.method)
+        row.update(name=job.get("name"), state=job.get("state"), method=" + ".join(res.methods) or fetcher.method)
         rec = JobRecord(root) if res.verified else None   # as pull_job left it, read once
         if s3 is not None and rec is not None:
             from orchestrator.sync.s3 import push_job
@@ -188,7 +188,8 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
             _mark_pulled(session, job, rec)
         done = done and res.complete and not res.failed
         results.append(row)
-    return {"host": host, "dest": str(dest), "jobs": results, "done": done, "method": fetcher.method}
+    used = dict.fromkeys(m for r in results if r["pulled"] for m in r["method"].split(" + "))
+    return {"host": host, "dest": str(dest), "jobs": results, "done": done, "method": " + ".join(used) or fetcher.method}
 
 
 def pull(host_name: Optional[str] = None, *, jobs: Optional[list[str]] = None,

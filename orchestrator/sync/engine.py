@@ -54,6 +54,11 @@ class JobPull:
     wire_bytes: int = 0
     verified: bool = False
     complete: bool = False
+    methods: list[str] = field(default_factory=list)  # how this pass's files came, in first-use order
+
+    def used(self, method: str) -> None:
+        if method and method not in self.methods:
+            self.methods.append(method)
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "dir": str(self.root), "pulled": self.pulled, "skipped": self.skipped,
@@ -167,6 +172,7 @@ def _fetch_one(fetcher: Any, rec: JobRecord, f: dict, job_id: str, progress: Pro
             st = final.stat()
             rec.mark(f["path"], state="verified", sha256=f["sha256"], size=st.st_size,
                      mtime_ns=st.st_mtime_ns, verified_at=time.time(), method=got.method or fetcher.method)
+            result.used(got.method or fetcher.method)
             _save_soon(rec)
             result.bytes += f["size"]
             return True
@@ -269,6 +275,7 @@ def _fetch_batch(fetcher: Any, rec: JobRecord, files: list[dict], job_id: str,
         rec.mark(f["path"], state="verified", sha256=f["sha256"], size=st.st_size,
                  mtime_ns=st.st_mtime_ns, verified_at=now, method=fetcher.method)
         result.bytes += f["size"]
+        result.used(fetcher.method)
     _save_soon(rec)
     return good, left
 

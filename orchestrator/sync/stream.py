@@ -8,6 +8,9 @@ carries the bytes, and gpurun appends each block to the partial while a second t
 the same block. Nothing is read back; the engine still compares the digest with the manifest
 before the rename, exactly as for the other methods.
 
+With ``RANGED_MIN`` bytes or more missing, the file comes as ``STREAMS`` streams of a byte
+range each (``sync.parallel``; ``sync.ranges`` says why and how the resume works).
+
 A shell that prints on login (a chatty ``.bashrc``) cannot corrupt the stream: the payload
 starts after a marker line the command prints first. A box without ``cat``/``tail`` or a
 POSIX shell (no marker, exit 127) returns None, and the caller uses rsync instead.
@@ -38,8 +41,7 @@ from orchestrator.sync.transfer import (
     _start_offset,
     prefix_hasher,
 )
-from orchestrator.sync.ranges import drop as drop_record
-from orchestrator.sync.ranges import load, plan, range_command, save, settle
+from orchestrator.sync.ranges import load, plan, settle
 
 MARK = b"GPURUN-STREAM-5c1e\n"
 MAX_NOISE = 1 << 20       # login noise before the marker; more than this is not a shell's greeting
@@ -48,7 +50,6 @@ PROGRESS_EVERY = 4 << 20  # report progress every 4 MiB, not on every read
 _F_SETPIPE_SZ = 1031      # fcntl.F_SETPIPE_SZ (Linux), absent from older fcntl modules
 STREAMS = 2               # ssh connections for one large file (sync.ranges says why)
 RANGED_MIN = 256 << 20    # below this many missing bytes, one stream: a second login is not worth it
-RECORD_EVERY = 32 << 20   # a range's progress reaches its sidecar every 32 MiB
 
 
 def remote_command(remote: str, start: int) -> str:
@@ -78,7 +79,9 @@ def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, siz
         if streams > 1 and size - start >= RANGED_MIN:
             ranges = plan(start, size, streams)
     if ranges is not None and len(ranges) > 1:
-        return _ranged(ssh_argv, target, remote, partial, size, ranges, on_progress, timeout_s, bwlimit_kbps)
+        from orchestrator.sync.parallel import ranged  # it imports this module
+
+        return ranged(ssh_argv, target, remote, partial, size, ranges, on_progress, timeout_s, bwlimit_kbps)
     if ranges is not None:  # a record of one range: a plain prefix
         settle(partial, size)
     start = _start_offset(partial, size)
@@ -158,147 +161,6 @@ class _Link:
         if rx.pos < end and self.code != 0:
             raise TransportError(f"ssh stream of {remote} stopped at byte {rx.pos} (exit {self.code}): "
                                  f"{self.err[-300:]}", "run the pull again: it resumes from the bytes already here")
-
-
-class _Record:
-    """The ranges' progress shared by their receivers: written to the sidecar every
-    RECORD_EVERY bytes of a range (after the bytes), and waited on by the hash of later ranges."""
-
-    def __init__(self, partial: Path, size: int, ranges: list[list[int]]):
-        self.partial, self.size, self.ranges = partial, size, ranges
-        self.ended = [p >= e for _b, p, e in ranges]
-        self.saved = [p for _b, p, _e in ranges]
-        self.cond = threading.Condition()
-        save(partial, size, ranges)  # before any byte lands past the prefix
-
-    def advance(self, k: int, pos: int) -> None:
-        with self.cond:
-            self.ranges[k][1] = pos
-            if pos - self.saved[k] >= RECORD_EVERY:
-                save(self.partial, self.size, self.ranges)
-                self.saved[k] = pos
-            self.cond.notify_all()
-
-    def end(self, k: int) -> None:
-        with self.cond:
-            self.ended[k] = True
-            save(self.partial, self.size, self.ranges)
-            self.cond.notify_all()
-
-    def wait(self, k: int, beyond: int, timeout: float) -> tuple[int, bool]:
-        """(bytes written up to, ended) of range ``k`` once past ``beyond`` or ended."""
-        with self.cond:
-            if self.ranges[k][1] <= beyond and not self.ended[k]:
-                self.cond.wait(timeout)
-            return self.ranges[k][1], self.ended[k]
-
-    def done(self) -> int:
-        return sum(p - b for b, p, _e in self.ranges)
-
-
-def _ranged(ssh_argv: list[str], target: str, remote: str, partial: Path, size: int,
-            ranges: list[list[int]], on_progress: Progress, timeout_s: float,
-            bwlimit_kbps: int) -> Optional[Fetched]:
-    """One ssh per unfinished range, each written at its offset by a thread of its own. The
-    first unfinished range (the lead) is hashed as it arrives; the ranges after it are hashed
-    from the page cache once the lead is in (SHA-256 is sequential), while they still arrive."""
-    wfd = _open(partial)  # first: a record never names a partial that is not there
-    rec = _Record(partial, size, ranges)
-    lead = next((k for k, r in enumerate(ranges) if r[1] < r[2]), len(ranges))
-    resumed = ranges[lead][1] if lead < len(ranges) else size
-    h = prefix_hasher(partial, resumed)  # every range before the lead is complete
-    todo = [k for k, r in enumerate(ranges) if r[1] < r[2]]
-    flush = _range_flusher()
-    rate = bwlimit_kbps * 1024.0 / max(1, len(todo))
-    hasher = _HashThread(h, wfd, resumed, flush) if todo else None
-    links: dict[int, _Link] = {}
-    rxs: dict[int, _Receiver] = {}
-    threads: list[threading.Thread] = []
-    errors: list[BaseException] = []
-    for k in todo:
-        _b, p, e = ranges[k]
-        cmd, drop = range_command(remote, MARK.decode().strip(), p, e, k == len(ranges) - 1)
-        note = (lambda pos, k=k: rec.advance(k, pos))
-        rxs[k] = _Receiver(partial, wfd, p, e, drop, rate, hasher if k == lead else None, note, flush)
-        links[k] = _Link(ssh_argv, target, cmd)
-        threads.append(threading.Thread(target=_run_range, args=(links[k], rxs[k], rec, k, timeout_s, errors),
-                                        name=f"gpurun-range-{k}", daemon=True))
-    for t in threads:
-        t.start()
-    rfd = os.open(partial, os.O_RDONLY)
-    try:
-        while threads and threads[0].is_alive():  # the lead: hashed as it comes
-            threads[0].join(0.25)
-            on_progress(rec.done())
-        if hasher is not None:
-            hasher.close()
-            hasher = None
-        hashed = _hash_after(rec, h, rfd, lead, on_progress)
-        for t in threads:
-            while t.is_alive():
-                t.join(0.25)
-                on_progress(rec.done())
-    finally:
-        if hasher is not None:
-            hasher.close()
-        for link in links.values():
-            if link.group is not None:
-                link.group.kill()  # an error elsewhere: the other ranges stop too (their bytes stay)
-        for t in threads:
-            t.join()
-        os.close(rfd)
-        os.close(wfd)
-    for exc in errors:
-        if isinstance(exc, LocalWriteError):
-            raise exc
-    if any(links[k].code == 127 for k in todo) or (todo and all(links[k].cannot(rxs[k]) for k in todo)):
-        return None  # no dd there, or a shell that did not run the command: rsync (it settles the record)
-    for exc in errors:
-        raise exc
-    for k in todo:
-        links[k].check(rxs[k], ranges[k][2], remote)
-    wire = sum(rx.got + len(MARK) for rx in rxs.values())
-    if hashed == size:
-        drop_record(partial)  # a plain complete file now: the engine verifies, renames or deletes it
-    on_progress(rec.done())
-    return Fetched(h.hexdigest(), hashed, wire, resumed, "ssh-stream")
-
-
-def _run_range(link: _Link, rx: "_Receiver", rec: _Record, k: int, timeout_s: float,
-               errors: list) -> None:
-    try:
-        link.run(rx, timeout_s)
-    except BaseException as exc:  # handed to the caller's thread, which raises it
-        errors.append(exc)
-    finally:
-        rec.end(k)
-
-
-def _hash_after(rec: _Record, h, rfd: int, lead: int, on_progress: Progress) -> int:
-    """Hash the ranges after the lead from the partial as their bytes land; returns how far
-    the file is hashed (the size, unless a range ended short)."""
-    ranges = rec.ranges
-    if lead >= len(ranges):
-        return rec.size
-    at = ranges[lead][1]
-    if at < ranges[lead][2]:
-        return at  # the lead ended short: nothing after it counts
-    buf = bytearray(CHUNK)
-    for k in range(lead + 1, len(ranges)):
-        while at < ranges[k][2]:
-            pos, ended = rec.wait(k, at, 0.25)
-            on_progress(rec.done())
-            if pos <= at:
-                if ended:
-                    return at
-                continue
-            while at < pos:
-                n = os.preadv(rfd, [memoryview(buf)[:min(CHUNK, pos - at)]], at)
-                if n <= 0:
-                    return at
-                h.update(memoryview(buf)[:n])
-                at += n
-    return at
 
 
 class _Receiver:

@@ -30,12 +30,12 @@ SIZE = 24_000_000
 CHILD = r'''
 import json, sys
 from pathlib import Path
-from orchestrator.sync import stream
+from orchestrator.sync import parallel, stream
 from orchestrator.sync.engine import pull_job
 from orchestrator.sync.keep import KeepPolicy
 from orchestrator.sync.transfer import RsyncFetcher
 a = json.loads(sys.argv[1])
-stream.RANGED_MIN = stream.RECORD_EVERY = 1 << 20  # a small file still takes the ranged path
+stream.RANGED_MIN = parallel.RECORD_EVERY = 1 << 20  # a small file still takes the ranged path
 fetcher = RsyncFetcher(a["argv"], a["target"], bwlimit_kbps=8000)  # ~8 MB/s: a kill lands mid-file
 pull_job(a["job"], Path(a["root"]), fetcher, KeepPolicy(), host="box")
 '''

@@ -85,7 +85,9 @@ class Daemon:
         periodic = self._periodic_runner(store, runner, config, self.state_dir)
         config_mtime = self._mtime()
         self.busy_at = time.time()  # the idle clock starts with the daemon
-        yielded = False  # the last pass started a job and left its other work to this one
+        started_at = 0.0  # monotonic time of the last pass that started a job
+        deferred = 0      # passes in a row that left their other work to a later one
+        yielded = False   # this pass did (the next wakes after YIELD_S at the latest)
         while not self.stop:
             try:
                 mt = self._mtime()
@@ -95,9 +97,15 @@ class Daemon:
                 if not reconciled:
                     runner.reconcile()
                     reconciled = True
-                runner.step(yield_to_start=not yielded)
-                # never two passes in a row: a stream of short jobs still gets its sweeps
-                yielded = bool(runner.launched) and not yielded
+                # a pass that starts a job, or comes within YIELD_S of one (the ended job's
+                # settle), leaves its other work to a later pass, but never three in a row: a
+                # stream of short jobs still gets its sweeps
+                young = deferred < 2 and time.monotonic() - started_at < YIELD_S
+                runner.step(yield_to_start=deferred < 2, defer=young)
+                if runner.launched:
+                    started_at = time.monotonic()
+                yielded = deferred < 2 and (bool(runner.launched) or young)
+                deferred = deferred + 1 if yielded else 0
                 if not yielded:
                     periodic.run()
                     disk.check()          # full though nothing failed this pass: still full
@@ -117,7 +125,9 @@ class Daemon:
                 time.sleep(1.0)
             busy = bool(runner.pids) or runner.sweeper.busy
             try:
-                select.select([rfd], [], [], YIELD_S if yielded else BUSY_TICK_S if busy else IDLE_TICK_S)
+                # the ended pipe: a job's process ended, its slot is free (``Runner.ended``)
+                select.select([rfd, runner.ended_pipe.fd], [], [],
+                              YIELD_S if yielded else BUSY_TICK_S if busy else IDLE_TICK_S)
                 while os.read(rfd, 512):
                     pass
             except (BlockingIOError, InterruptedError):

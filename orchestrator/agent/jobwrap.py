@@ -123,10 +123,12 @@ def _start_job(script: str, cwd: str, log_fd: int, env: dict) -> int:
 
 
 def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str,
-        env: Optional[dict] = None, write_started: bool = True) -> int:
+        env: Optional[dict] = None, write_started: bool = True, ended_fd: Optional[int] = None) -> int:
     """Run one attempt. ``env`` is the job's environment (this process's when None);
-    ``write_started`` False when the daemon that forked this wrapper wrote that file
-    (``agent/spawn``)."""
+    ``write_started`` False when the caller wrote that file; ``ended_fd``: the daemon's pipe
+    (``agent/spawn``), told this pid the moment the job's process has ended, so the daemon
+    can start the next job on the slot while this wrapper writes the code durably (the job
+    is settled only once this wrapper is gone, as before)."""
     env = os.environ if env is None else env
     # absolute before ``_spawn`` moves this process into the job's directory
     started_file, exit_file, log_file = (os.path.abspath(p) for p in (started_file, exit_file, log_file))
@@ -171,6 +173,11 @@ def run(started_file: str, exit_file: str, log_file: str, cwd: str, command: str
                 continue
         code = _status_code(status)
         done.append(code)
+        if ended_fd is not None:
+            try:  # 4 bytes: one atomic pipe write, never split between two wrappers
+                os.write(ended_fd, os.getpid().to_bytes(4, "little"))
+            except OSError:
+                pass  # a full pipe or a daemon gone: the slot frees when this wrapper exits
         try:  # on a full disk this line is lost, and the exit code must still be tried
             log.write(("--- gpurun: exit code %d at %s\n" % (code, time.strftime("%Y-%m-%dT%H:%M:%S%z"))).encode())
         except OSError:

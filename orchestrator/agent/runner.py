@@ -69,6 +69,11 @@ class Runner:
         self.runs_scope = os.path.join(state_dir, "runs") + os.sep  # our jobs' run dirs (as verbs.v_submit makes them)
         self.gpus = visible_gpus(config)
         self.launched = 0  # jobs started by the current pass (step resets it)
+        # Forked wrappers tell this pipe the moment their job's process ends, before the exit
+        # code's fsync: that slot is free for the next job at once, and the job is settled when
+        # its wrapper is gone (the code durable), as before. The daemon selects on its ``fd``.
+        self.ended_pipe = spawn.Ended()
+        self.ended: set = set()  # pids of our wrappers whose job has ended (until reaped)
         self.sweeper = cleanup.Sweeper(lambda: cleanup.grace_from(self.config), store=store)
 
     # --- reconcile ------------------------------------------------------------------
@@ -89,10 +94,14 @@ class Runner:
                 self._settle(job)
 
     # --- one pass ---------------------------------------------------------------------
-    def step(self, yield_to_start: bool = False) -> None:
+    def step(self, yield_to_start: bool = False, defer: bool = False) -> None:
         """One pass. ``yield_to_start``: a pass that starts a job leaves the leftovers' sweep (a
-        /proc scan) to the next one, soon after (``daemon.YIELD_S``), off the new job's CPU."""
+        /proc scan) to a later one, soon after (``daemon.YIELD_S``), off the new job's CPU;
+        ``defer``: this pass leaves it too (a job started a moment ago)."""
         self.launched = 0
+        ended = self.ended_pipe.read()
+        if ended:  # a pid is ours until reaped: never another's
+            self.ended.update(set(ended) & {p.pid for p in self.children.values()})
         self._reap_children()
         now = time.time()
         marked = None  # /proc scan, done at most once per pass and only when needed
@@ -123,8 +132,9 @@ class Runner:
             if jid in self.kill_at and now >= self.kill_at[jid]:
                 cleanup.signal_job(pid, signal.SIGKILL, tok)  # the group and every process with its marker
                 self.kill_at[jid] = now + 3600
-        self._schedule(still)
-        if not (yield_to_start and self.launched):
+        # a job whose process has ended holds no slot or GPU while its wrapper writes the code
+        self._schedule([j for j in still if self.pids.get(j["id"]) not in self.ended])
+        if not (yield_to_start and self.launched or defer):
             self.sweeper.tick()  # ended attempts' leftovers: TERM, KILL after the grace (after placing: off the gap)
 
     def signal_job(self, jid: str, pid: int, why: str) -> None:
@@ -145,6 +155,7 @@ class Runner:
         for jid, proc in list(self.children.items()):
             if proc.poll() is not None:
                 del self.children[jid]
+                self.ended.discard(proc.pid)
                 job = self.store.get_job(jid)
                 if job is not None and job["state"] == S.RUNNING:
                     self._settle(job)
@@ -375,7 +386,7 @@ class Runner:
         args = [started_path(job, attempt), exit_path(job, attempt), job["log"], job["cwd"] or "", job["command"]]
         try:
             # forked: no interpreter start between one job's end and the next one's (agent/spawn)
-            proc = spawn.start(args, env, procs.MARKER) if self.fork_wrappers else None
+            proc = spawn.start(args, env, procs.MARKER, self.ended_pipe.w) if self.fork_wrappers else None
             if proc is None:
                 proc = subprocess.Popen(self._wrapper_argv() + ["jobwrap"] + args, env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

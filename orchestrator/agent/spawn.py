@@ -20,10 +20,15 @@ What the exec'd wrapper had for free, the forked one gets here:
   leaves a marked child that runs the job and that the next daemon adopts (by the file, or by
   marker before the file exists); one killed before it leaves a claim that is requeued at no
   cost (no started file): no job lost or doubled.
+* an early word that the slot is free: the child keeps one of the daemon's fds, the write end
+  of ``Runner.ended``'s pipe, and writes its pid there the moment the job's process ends,
+  before it writes the exit code (fsync, rename) and exits (tearing down a copy of the
+  daemon's address space): the daemon starts the next job meanwhile and settles this one
+  once the wrapper is gone, as before.
 * no share in the daemon's state. The child never returns into the daemon's code (it ends in
   ``os._exit``), turns the garbage collector off (a collected SQLite connection must never
   checkpoint from a second process) and closes every inherited fd, the daemon's flock among
-  them, so a new daemon can start while jobs of a dead one run on.
+  them (but the ended pipe), so a new daemon can start while jobs of a dead one run on.
 """
 
 from __future__ import annotations
@@ -82,6 +87,30 @@ def _identity(env: Dict[str, str], marker: str) -> Optional[tuple]:
     return envb, argb
 
 
+class Ended:
+    """The pipe forked wrappers write their pid to when their job's process ends (``w``, kept
+    by every wrapper); the daemon selects on ``fd``. Both ends non-blocking: a wrapper never
+    waits on a daemon that is busy or gone, and a full pipe only costs the early word."""
+
+    def __init__(self) -> None:
+        self.fd, self.w = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self.w, False)
+
+    def read(self) -> List[int]:
+        """The pids written since the last read (4 bytes each: one atomic pipe write)."""
+        out: List[int] = []
+        try:
+            while True:
+                data = os.read(self.fd, 4096)
+                if not data:
+                    break
+                out.extend(int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data) - 3, 4))
+        except (BlockingIOError, InterruptedError):
+            pass
+        return out
+
+
 class Child:
     """A forked wrapper as ``Runner.children`` holds it: ``pid`` and a ``poll`` that reaps."""
 
@@ -110,10 +139,11 @@ class Child:
         return self.returncode  # type: ignore[return-value]
 
 
-def start(args: List[str], env: Dict[str, str], marker: str) -> Optional[Child]:
+def start(args: List[str], env: Dict[str, str], marker: str, ended_fd: Optional[int] = None) -> Optional[Child]:
     """Fork a wrapper for ``args`` (jobwrap's five: started, exit, log, cwd, command) with the
-    job's environment ``env``; None when this host cannot (the caller execs one). Raises
-    OSError when the fork itself fails."""
+    job's environment ``env``; None when this host cannot (the caller execs one). The child
+    keeps ``ended_fd`` (``jobwrap.run``'s) and no other inherited fd. Raises OSError when the
+    fork itself fails."""
     ident = _identity(env, marker)
     if ident is None:
         return None
@@ -134,12 +164,12 @@ def start(args: List[str], env: Dict[str, str], marker: str) -> Optional[Child]:
         ctypes.memmove(mem[0], own, len(own))  # type: ignore[union-attr]
         raise
     if pid == 0:
-        _child(args, env, argb)  # never returns
+        _child(args, env, argb, ended_fd)  # never returns
     ctypes.memmove(mem[0], own, len(own))  # type: ignore[union-attr]
     return Child(pid)
 
 
-def _child(args: List[str], env: Dict[str, str], argb: Optional[bytes]) -> None:
+def _child(args: List[str], env: Dict[str, str], argb: Optional[bytes], ended_fd: Optional[int]) -> None:
     code = 1
     try:
         gc.disable()
@@ -152,12 +182,16 @@ def _child(args: List[str], env: Dict[str, str], argb: Optional[bytes]) -> None:
             os.dup2(null, fd)
         # every inherited fd goes: the store's, the daemon lock (a flock shared by fork would
         # keep the next daemon out), client sockets
-        os.closerange(3, 1 << 20)
+        if ended_fd is None or ended_fd < 3:
+            os.closerange(3, 1 << 20)
+        else:
+            os.closerange(3, ended_fd)
+            os.closerange(ended_fd + 1, 1 << 20)
         if argb is not None:
             ctypes.memmove(_layout()[2], argb, len(argb))  # type: ignore[index,union-attr]
         # writes ``started`` (this pid, whole or absent) before it spawns the job, as the
         # exec'd wrapper does: the marker is already in this process's /proc environ
-        jobwrap.run(*args[:5], env=env, write_started=True)
+        jobwrap.run(*args[:5], env=env, write_started=True, ended_fd=ended_fd)
         code = 0
     except BaseException:  # noqa: BLE001 - never unwind into the daemon's loop
         code = 1

@@ -1,13 +1,19 @@
-"""The daemon's fork of a job wrapper (``agent/spawn``): the child is marked from its first
-instant (no round trip with the daemon before it runs), the daemon's own /proc environ is put
-back at once, and the child records its start before it runs the job."""
+"""The start path between two jobs (issue 15, the gap). The daemon's fork of a job wrapper
+(``agent/spawn``): the child is marked from its first instant (no round trip with the daemon
+before it runs), the daemon's own /proc environ is put back at once, and the child records its
+start before it runs the job. The runner starts the next job as soon as the last one's process
+ends, while that one's wrapper still writes its exit code durably, and settles it after."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-from orchestrator.agent import spawn
+from orchestrator.agent import jobwrap, spawn
+from orchestrator.agent import states as S
+from orchestrator.agent.runner import Runner, exit_path
+from orchestrator.agent.store import Store
 
 
 def test_the_forked_wrapper_is_born_marked_and_records_its_own_start(tmp_path):
@@ -34,3 +40,31 @@ def test_the_forked_wrapper_is_born_marked_and_records_its_own_start(tmp_path):
         time.sleep(0.02)
     assert child.returncode == 0
     assert ran.read_text() == "yes jx:1\n" and (tmp_path / "exit.1").read_text() == "5\n"
+
+
+def test_the_next_job_starts_while_the_last_wrapper_still_writes_its_code(tmp_path, monkeypatch):
+    real = jobwrap.write_durably
+
+    def slow(path: str, code: int, sync: bool = True) -> None:  # the wrappers are forks of this process
+        if path.endswith(os.path.join("a", "exit.1")):
+            time.sleep(1.0)
+        real(path, code, sync)
+    monkeypatch.setattr(jobwrap, "write_durably", slow)
+    store = Store(str(tmp_path / "gpurun.db"))
+    tag = "gap-%d" % os.getpid()
+    store.insert_jobs([{"id": "%s-%s" % (tag, n), "name": "%s-%s" % (tag, n), "command": cmd,
+                        "run_dir": str(tmp_path / n), "log": str(tmp_path / n / "log.txt")}
+                       for n, cmd in (("a", "true"), ("b", "sleep 0.2"))])
+    a, b = (store.get_job("%s-%s" % (tag, n)) for n in "ab")
+    runner = Runner(store, str(tmp_path), {"slots": 1, "gpus": []}, [sys.executable, "-m", "orchestrator.agent"])
+    deadline = time.time() + 10
+    while store.get_job(b["id"])["state"] == S.QUEUED and time.time() < deadline:
+        runner.step()
+        time.sleep(0.02)
+    assert store.get_job(b["id"])["state"] == S.RUNNING
+    assert store.get_job(a["id"])["state"] == S.RUNNING and not os.path.exists(exit_path(a, 1))  # still writing
+    while not all(S.is_terminal(store.get_job(j["id"])["state"]) for j in (a, b)) and time.time() < deadline:
+        runner.step()
+        time.sleep(0.02)
+    assert [(store.get_job(j["id"])["state"], store.get_job(j["id"])["exit_code"]) for j in (a, b)] == \
+        [(S.SUCCEEDED, 0), (S.SUCCEEDED, 0)]

@@ -10,19 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import kill_agents_under
+from rigs.agents import kill_agents_under, point_home
 from rigs.sshd import CLEAN_USER, NOISY_USER, SshdRig, sshd_available
 
 
 @pytest.fixture
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """HOME, XDG_DATA_HOME and XDG_CONFIG_HOME inside ``tmp_path``; returns the new HOME."""
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    return home
+    return point_home(monkeypatch, tmp_path / "home")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rigs.agents import gpurun, wait_terminal
+from rigs.agents import gpurun, kill_agents_under, point_home, wait_terminal
 
 LONG_REASON = ("resume gate: STOP: loss diverged at step 1200 (inf); the run is not restarted to burn more "
                "GPU hours; see `gpurun check --job toy-diverge-lr3` for the evidence and the hint")
@@ -39,18 +39,32 @@ def _store() -> Path:
     return paths.local_state_dir("local") / "gpurun.db"
 
 
+@pytest.fixture(scope="module")
+def _finished_home(tmp_path_factory: pytest.TempPathFactory):
+    """One home holding three finished jobs on ``local`` (no GPU here), one failed with a gate's
+    long reason. Built once for the module: the tests that use it only read it (completion adds
+    a host, which none of the others lists), and each run of the queue costs seconds."""
+    home = tmp_path_factory.mktemp("finished") / "home"
+    with pytest.MonkeyPatch.context() as mp:
+        point_home(mp, home)
+        q = home.parent / "q.txt"
+        q.write_text(f"[name={NAMES[0]}] echo a\n[name={NAMES[1]}] echo b\n[name={NAMES[2]}] sh -c 'exit 3'\n")
+        res = gpurun("queue", "submit", str(q), "--wait")
+        assert res.returncode == 1, res.stderr           # one job failed
+        st = wait_terminal()
+        con = sqlite3.connect(str(_store()))             # the reason a resume gate would have left
+        con.execute("UPDATE jobs SET reason=? WHERE name=?", (LONG_REASON, NAMES[2]))
+        con.commit()
+        con.close()
+    yield home, st
+    kill_agents_under(home)
+
+
 @pytest.fixture
-def finished(home: Path, tmp_path: Path) -> dict:
-    """Three finished jobs on ``local`` (no GPU here), one failed with a gate's long reason."""
-    q = tmp_path / "q.txt"
-    q.write_text(f"[name={NAMES[0]}] echo a\n[name={NAMES[1]}] echo b\n[name={NAMES[2]}] sh -c 'exit 3'\n")
-    res = gpurun("queue", "submit", str(q), "--wait")
-    assert res.returncode == 1, res.stderr           # one job failed
-    st = wait_terminal()
-    con = sqlite3.connect(str(_store()))             # the reason a resume gate would have left
-    con.execute("UPDATE jobs SET reason=? WHERE name=?", (LONG_REASON, NAMES[2]))
-    con.commit()
-    con.close()
+def finished(_finished_home, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The module's home of three finished jobs, as this test's home; their status document."""
+    home, st = _finished_home
+    point_home(monkeypatch, home)
     return st
 
 

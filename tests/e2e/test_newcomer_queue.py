@@ -57,11 +57,12 @@ def _job(name: str) -> dict:
     return next(j for j in status_json()["jobs"] if j["name"] == name)
 
 
-def test_the_example_queue_shows_the_diverged_run_judged_stop(home):
+def test_the_example_queue_shows_the_diverged_run_judged_stop(example_run):
     """Issue 11's done-when, on the README's first command: the diverging job is stopped and
-    shown judged STOP within seconds of its end, ``--wait`` exits 12, ``watch`` shows it."""
-    pytest.importorskip("numpy")
-    sub = gpurun("queue", "submit", "examples/queue.txt", "--wait", cwd=str(ROOT), timeout=180)
+    shown judged STOP within seconds of its end, ``--wait`` exits 12, ``watch`` shows it.
+    The run is the session's one (e2e/conftest.py), shared with test_readme."""
+    assert example_run["commands"][0] == "gpurun queue submit examples/queue.txt --wait"
+    sub = example_run["steps"][0]
     assert sub.returncode == 12, (sub.stdout, sub.stderr)
     assert "judged STOP by the training-quality check: toy-diverge-lr3" in sub.stderr
     assert "gpurun check --job toy-diverge-lr3" in sub.stderr

@@ -11,6 +11,16 @@ import time
 from pathlib import Path
 
 
+def point_home(mp, home: Path) -> Path:
+    """Point HOME, XDG_DATA_HOME and XDG_CONFIG_HOME at ``home`` through the monkeypatch ``mp``
+    (created with its ``.ssh``), so gpurun's files and its local agent live there."""
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    mp.setenv("HOME", str(home))
+    mp.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    mp.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    return home
+
+
 def gpurun(*args: str, env: dict | None = None, input: str | None = None, timeout: float = 120,
            cwd: str | None = None) -> subprocess.CompletedProcess:
     """Run the real ``gpurun`` CLI in a subprocess (same interpreter)."""

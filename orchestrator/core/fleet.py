@@ -239,8 +239,8 @@ def submit_fleet(file: str, entries: list[dict], *, fleet: Optional[str] = None,
         clients = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
 
         def look(name: str) -> tuple[str, Any]:
-            # one verb after the other on the member's connection: the first one may push the
-            # agent over SFTP, and paramiko's SFTP client must not be shared by two threads
+            # one verb after the other on the member's connection: the status ensures the
+            # agent (pushing it when missing) before capacity may ask for its GPUs
             try:
                 c = clients[name]
                 st = c.status(table=True)["jobs"]

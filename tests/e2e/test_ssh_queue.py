@@ -52,9 +52,16 @@ def test_jobs_survive_cut_link_and_dead_sshd(box, sshd, tmp_path):
     down = gpurun("queue", "status", "--host", "box", timeout=60)
     assert down.returncode == 1 and "Traceback" not in down.stderr
     assert down.stderr.startswith("gpurun: error: cannot reach box")
-    time.sleep(5)
+    # the jobs finish while the box's sshd is down (their last act is writing their output)
+    deadline = time.time() + 30
+    while not all((work / f"out {i}.txt").exists() for i in range(3)):
+        assert time.time() < deadline, sorted(p.name for p in work.iterdir())
+        time.sleep(0.1)
     sshd.start()
     jobs = status("box")
+    while any(j["state"] == "running" for j in jobs) and time.time() < deadline:  # the exit being recorded
+        time.sleep(0.2)
+        jobs = status("box")
     assert sorted(j["name"] for j in jobs) == [f"{NAME} {i}" for i in range(3)]
     assert {j["state"] for j in jobs} == {"succeeded"}
     for j in jobs:

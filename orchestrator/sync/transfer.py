@@ -157,7 +157,7 @@ class RsyncFetcher:
 
     def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "",
                  timeout_s: float = 3600.0, fast_cipher: bool = True, bwlimit_kbps: int = 0,
-                 stream: bool = True, streams: int = 2):
+                 stream: bool = True, streams: int = 1):
         self.ssh_argv = ssh_argv  # None: the "remote" path is on this machine
         self.target = target      # user@host (or alias) for SSH
         self.timeout_s = timeout_s

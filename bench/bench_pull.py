@@ -2,11 +2,14 @@
 
     python bench/bench_pull.py [--gb 1] [--rss-gb 10] [--rounds 5] [--streams 2] [--default-cipher]
 
-1. a GB-sized file pulled with gpurun's engine (``--streams`` ssh streams of a byte range
-   each, the first hashed while written, the others from the page cache after it; fsync,
-   format check, atomic rename, marker) vs plain ``rsync -a`` over the same SSH link, and vs
-   the engine with one stream (the way before), interleaved in each round; medians, with
-   the load average before and after;
+1. a GB-sized file pulled with gpurun's engine (ssh writes the partial itself after a
+   probe found the box quiet, gpurun hashes it from the page cache; fsync, format check,
+   atomic rename, marker) vs plain ``rsync -a`` over the same SSH link, vs the engine's piped
+   stream (the way before), and with ``--streams N`` over N ranged streams; interleaved in
+   each round; medians, with the load average before and after. On a shared machine run it
+   as ``chrt -r 1 python bench/bench_pull.py ...``: real-time round-robin for the bench and
+   everything it starts (both ends of the link), so other sessions' load (which the
+   kernel's autogroups would otherwise share out per session) does not decide the figure;
 2. a pull killed at 40 % and resumed: bytes on the wire reported by rsync;
 3. peak RSS of the pulling process for a ``--rss-gb`` sparse file (streaming hash);
 4. the box's side: the manifest of a running job whose 1 GiB checkpoint is seen for the first
@@ -34,7 +37,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from rigs.sshd import CLEAN_USER, SshdRig  # noqa: E402
 
-from orchestrator.sync import engine  # noqa: E402
+from orchestrator.sync import direct as sync_direct  # noqa: E402
+from orchestrator.sync import engine, stream  # noqa: E402
 from orchestrator.sync.engine import pull_job  # noqa: E402
 from orchestrator.sync.keep import KeepPolicy  # noqa: E402
 from orchestrator.sync.transfer import RsyncFetcher  # noqa: E402
@@ -122,7 +126,8 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--rss-gb", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--streams", type=int, default=2, help="parallel ssh streams of gpurun's pull")
+    ap.add_argument("--streams", type=int, default=1,
+                    help="also time gpurun's pull over this many parallel ranged ssh streams (piped)")
     ap.add_argument("--default-cipher", action="store_true",
                     help="pull with OpenSSH's default cipher order, as plain rsync does (no AES-GCM first)")
     args = ap.parse_args()
@@ -159,26 +164,34 @@ def main() -> None:
             real_fsync(path)
             fsync_s[-1] += time.monotonic() - t
 
-        def gpurun_pull(streams: int) -> None:
+        def gpurun_pull(direct: bool, streams: int = 1) -> None:
             drop_local(work / "ours")
             fetcher = RsyncFetcher(ssh, target, fast_cipher=not args.default_cipher, streams=streams)
             fsync_s.append(0.0)
             engine._fsync_path = timed_fsync
+            stream.DIRECT = direct
+            sync_direct._QUIET.clear()  # each `gpurun pull` is a new process: it probes the box again
             try:
                 res = pull_job(job_for(src, digest), work / "ours", fetcher, KeepPolicy(), host="b")
             finally:
                 engine._fsync_path = real_fsync
-            if streams != args.streams:
+                stream.DIRECT = True
+            if not direct:
                 fsync_s.pop()
-            assert res.verified, res.as_dict()
+            assert res.verified and res.methods == ["ssh-stream"], res.as_dict()
 
+        if args.streams > 1:
+            runs_extra = {f"gpurun pull, {args.streams} ranged streams".ljust(33): lambda: gpurun_pull(False, args.streams)}
+        else:
+            runs_extra = {}
         runs = {  # label -> what it runs; interleaved in every round
             "plain rsync -a (default cipher)  ": lambda: rsync_plain(ssh_e),
             "plain rsync -a (gpurun's ciphers)": lambda: rsync_plain(ssh_same),
             "same + fsync (durable, like ours)": lambda: rsync_plain(ssh_same, durable=True),
-            f"gpurun pull, {args.streams} streams (verified) ": lambda: gpurun_pull(args.streams),
-            "gpurun pull, 1 stream (before)   ": lambda: gpurun_pull(1),
+            "gpurun pull (incl. verify)       ": lambda: gpurun_pull(True),
+            "gpurun pull, piped stream, before": lambda: gpurun_pull(False),
         }
+        runs.update(runs_extra)
         wall: dict[str, list[float]] = {k: [] for k in runs}
         cpu: dict[str, list[float]] = {k: [] for k in runs}
         load0 = os.getloadavg()
@@ -198,17 +211,17 @@ def main() -> None:
         for label in runs:
             print(f"  {label} : {med[label]:6.2f} s  {size / med[label] / 1e6:7.1f} MB/s  "
                   f"CPU {statistics.median(cpu[label]):5.2f} s")
-        p, q, d, o, b = med.values()
+        p, q, d, o, b = list(med.values())[:5]
         print(f"  of the gpurun pull, fsync before the rename (the VM's disk flush): median "
               f"{statistics.median(fsync_s):.2f} s, range {min(fsync_s):.2f}-{max(fsync_s):.2f} s")
         print(f"  ratio (rsync time / gpurun time, 1.0 = as fast): {q / o:.2f} of rsync with the same "
-              f"ciphers ({q / b:.2f} with one stream), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
+              f"ciphers ({q / b:.2f} piped, before), {d / o:.2f} of it made durable, {p / o:.2f} of default rsync")
         labels = list(runs)
         same, ours, old = wall[labels[1]], wall[labels[3]], wall[labels[4]]
         paired = statistics.median(a / c for a, c in zip(same, ours))
         print(f"  paired (median of the per-round ratios): {paired:.2f}; per round (s): "
               + "; ".join(f"{a:.2f}/{c:.2f}/{e:.2f}" for a, c, e in zip(same, ours, old))
-              + "  (rsync same ciphers / gpurun / one stream)")
+              + "  (rsync same ciphers / gpurun / piped, before)")
 
         # resume: keep 40 % as a partial, pull again
         drop_local(work / "ours")

@@ -15,7 +15,7 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, context_line, epoch_step, has_epoch_bar)
-from orchestrator.quality.tables import Table, abort_record, has_table_head, table_head
+from orchestrator.quality.tables import Table, abort_record, checkpoint_record, has_table_head, table_head
 
 # a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
 _NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|Infinity|infinity))"
@@ -131,6 +131,10 @@ class LineParser:
         if (c == "E" or c == " " or c.isdigit()) and "/" in line and (KERAS_EPOCH.match(line)
                                                                       or KERAS_BATCH.match(line)):
             return self._keras(line)
+        if "' reached " in line:  # a Lightning checkpoint line: the metric is quoted, its value after it
+            ck = checkpoint_record(line)
+            if ck is not None:
+                return ck[0], ck[1], None
         if "oss is " in line or "oss became " in line or "oss was " in line:
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:

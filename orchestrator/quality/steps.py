@@ -185,7 +185,8 @@ def epoch_step(epoch: int, batch: int, per_epoch: int) -> float:
 def context_line(text: str) -> bool:
     """True for a line shape whose step depends on the lines before it (a Keras header or
     batch line, ``| end of epoch E |``) or is computed from three numbers (``| epoch E |
-    B/N batches |``): the columnar paths leave these to ``LineParser.parse``, in order."""
+    B/N batches |``), or whose metric is named by a quoted word (Lightning's ``global step N:
+    'val_loss' reached X``): the columnar paths leave these to ``LineParser.parse``, in order."""
     return bool(KERAS_EPOCH.match(text) or KERAS_BATCH.match(text) or EPOCH_BATCHES.search(text)
                 or EPOCH_END.search(text) or ITER_OF.search(text) or KERAS_EPOCH_LINE.match(text)
-                or MX_BATCH.search(text))
+                or MX_BATCH.search(text) or ("' reached " in text and "global step" in text))

@@ -42,6 +42,9 @@ ABORT_SERIES = "nonfinite_abort"
 ABORT = re.compile(r"\bloss (?:is|became|was) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?)\b",
                    re.IGNORECASE)
 _AT_ITER = re.compile(r"\biter(?:ation)?\s*[=:]\s*(\d+)")
+# Lightning's ModelCheckpoint(verbose=True): "Epoch 3, global step 4: 'val_loss' reached 0.15712 (best
+# 0.15712), saving model to ...": the monitored metric, quoted, at a global step
+_CKPT = re.compile(r"\bglobal step (\d+): '([^']+)' reached ([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
 
 
 class Table:
@@ -130,6 +133,14 @@ def has_table_head(text: str) -> bool:
             if not text[text.rfind("\n", 0, i) + 1:i].strip(" \t"):
                 return True
     return False
+
+
+def checkpoint_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]]]:
+    """(global step, [(metric, value)]) of a Lightning ModelCheckpoint line (``_CKPT``)."""
+    m = _CKPT.search(line)
+    if m is None:
+        return None
+    return float(m.group(1)), [(m.group(2), float(m.group(3)))]
 
 
 def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:

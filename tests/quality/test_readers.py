@@ -185,3 +185,16 @@ def test_fallback_when_declared_source_unreadable(tmp_path):
     assert tr.active == str(log) and len(run.get("loss")) == 50
     assert tr.problems == [str(tmp_path / "missing.jsonl") + ": not found"]
     assert struct.calcsize("<IHB") == 7
+
+
+def test_lightning_checkpoint_lines(tmp_path):
+    # ModelCheckpoint(verbose=True) prints the monitored metric quoted, at a global step; a long
+    # log goes through the shape scanner, which must leave these lines to the line parser
+    p = tmp_path / "train.log"
+    lines = ["Epoch %d, global step %d: 'val_loss' reached %.5f (best %.5f), saving model to "
+             "'checkpoints/epoch=%d-step=%d.ckpt' as top 1" % (e, 10 * (e + 1), 1.0 / (e + 1), 1.0 / (e + 1), e,
+                                                                10 * (e + 1)) for e in range(300)]
+    p.write_text("\n".join(lines) + "\nEpoch 300, global step 3010: 'val_loss' reached nan (best 0.00333)\n")
+    s = Tracker([str(p)]).update().series["val_loss"]
+    assert len(s) == 301 and list(s.steps[:2]) == [10.0, 20.0] and s.values[1] == 0.5
+    assert s.steps[-1] == 3010.0 and math.isnan(s.values[-1])

@@ -124,14 +124,8 @@ class Daemon:
                 sys.stderr.flush()
                 time.sleep(1.0)
             busy = bool(runner.pids) or runner.sweeper.busy
-            try:
-                # the ended pipe: a job's process ended, its slot is free (``Runner.ended``)
-                select.select([rfd, runner.ended_pipe.fd], [], [],
-                              YIELD_S if yielded else BUSY_TICK_S if busy else IDLE_TICK_S)
-                while os.read(rfd, 512):
-                    pass
-            except (BlockingIOError, InterruptedError):
-                pass
+            self._sleep(rfd, runner.ended_pipe.fd, YIELD_S if yielded else BUSY_TICK_S if busy else IDLE_TICK_S,
+                        yielded)
         try:
             store.add_event(None, "agent_stop", "info", "agent stopped (pid %d); jobs keep running" % os.getpid())
         except Exception as exc:  # noqa: BLE001 - a full disk loses the line, not the clean exit
@@ -139,6 +133,31 @@ class Daemon:
                 raise
         store.close()
         return 0
+
+    def _sleep(self, wake_fd: int, ended_fd: int, timeout: float, yielded: bool) -> None:
+        """Wait for a signal (the wakeup fd), a job's end (the ended pipe: its slot is free,
+        ``Runner.ended``) or ``timeout``. After a pass that left its work for later, a wrapper's
+        exit alone (SIGCHLD: the job before, settling) waits for the pass due anyway, so that
+        the settle does not take the CPU the new job's start needs."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                ready = select.select([wake_fd, ended_fd], [], [], max(0.0, timeout))[0]
+            except InterruptedError:
+                ready = [wake_fd]
+            got = b""
+            try:
+                while True:
+                    chunk = os.read(wake_fd, 512)
+                    if not chunk:
+                        break
+                    got += chunk
+            except (BlockingIOError, InterruptedError):
+                pass
+            timeout = end - time.monotonic()
+            if not (yielded and ready == [wake_fd] and got and set(got) == {signal.SIGCHLD} and timeout > 0
+                    and not self.stop):
+                return
 
     def _open_store(self) -> Optional[Store]:
         """The store, waiting out a full disk (nothing can be done without it, and the lock is

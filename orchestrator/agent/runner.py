@@ -69,9 +69,8 @@ class Runner:
         self.runs_scope = os.path.join(state_dir, "runs") + os.sep  # our jobs' run dirs (as verbs.v_submit makes them)
         self.gpus = visible_gpus(config)
         self.launched = 0  # jobs started by the current pass (step resets it)
-        # Forked wrappers tell this pipe the moment their job's process ends, before the exit
-        # code's fsync: that slot is free for the next job at once, and the job is settled when
-        # its wrapper is gone (the code durable), as before. The daemon selects on its ``fd``.
+        # forked wrappers tell this pipe when their job's process ends, before the exit code's
+        # fsync: the slot is free at once; the settle still waits for the wrapper (agent/spawn)
         self.ended_pipe = spawn.Ended()
         self.ended: set = set()  # pids of our wrappers whose job has ended (until reaped)
         self.sweeper = cleanup.Sweeper(lambda: cleanup.grace_from(self.config), store=store)
@@ -96,12 +95,10 @@ class Runner:
     # --- one pass ---------------------------------------------------------------------
     def step(self, yield_to_start: bool = False, defer: bool = False) -> None:
         """One pass. ``yield_to_start``: a pass that starts a job leaves the leftovers' sweep (a
-        /proc scan) to a later one, soon after (``daemon.YIELD_S``), off the new job's CPU;
-        ``defer``: this pass leaves it too (a job started a moment ago)."""
+        /proc scan) to a later one, soon after (``daemon.YIELD_S``), off the new job's CPU; so does
+        a ``defer`` one (a job started a moment ago)."""
         self.launched = 0
-        ended = self.ended_pipe.read()
-        if ended:  # a pid is ours until reaped: never another's
-            self.ended.update(set(ended) & {p.pid for p in self.children.values()})
+        self.ended.update(set(self.ended_pipe.read()) & {p.pid for p in self.children.values()})  # ours till reaped
         self._reap_children()
         now = time.time()
         marked = None  # /proc scan, done at most once per pass and only when needed
@@ -132,8 +129,7 @@ class Runner:
             if jid in self.kill_at and now >= self.kill_at[jid]:
                 cleanup.signal_job(pid, signal.SIGKILL, tok)  # the group and every process with its marker
                 self.kill_at[jid] = now + 3600
-        # a job whose process has ended holds no slot or GPU while its wrapper writes the code
-        self._schedule([j for j in still if self.pids.get(j["id"]) not in self.ended])
+        self._schedule([j for j in still if self.pids.get(j["id"]) not in self.ended])  # ended: no slot or GPU
         if not (yield_to_start and self.launched or defer):
             self.sweeper.tick()  # ended attempts' leftovers: TERM, KILL after the grace (after placing: off the gap)
 
@@ -231,8 +227,7 @@ class Runner:
             self.store.transition(job["id"], [S.QUEUED], S.CANCELLED, ended_at=time.time(),
                                   reason="cancelled by user", stop_cause=STOP_USER)
         after = 0
-        # the first page as long as what is free (decoding a row costs ~25 us, and a pass after
-        # one job's end has one slot to fill), doubling while jobs are passed over
+        # the first page as long as what is free (a row decodes in ~25 us), doubling as jobs are passed over
         size = max(1, min(SCHEDULE_PAGE, len(free_gpus) if free_gpus is not None else free_slots or 1))
         while (free_gpus is None or free_gpus) and (free_slots is None or free_slots > 0):
             page = self.store.queued_page(size, after)
@@ -397,9 +392,7 @@ class Runner:
             self.store.transition(job["id"], [S.RUNNING], S.FAILED, ended_at=time.time(),
                                   reason="could not start job wrapper: %s" % exc)
             return False
-        # the OOM counter, to tell a host OOM kill later: read while the wrapper starts (a kill
-        # within its first instant is missed, never invented), not before its fork
-        failures.note_start(job["run_dir"], attempt)
+        failures.note_start(job["run_dir"], attempt)  # the OOM counter, read off the gap (after the fork)
         self.children[job["id"]] = proc
         self.launched += 1
         self.pids[job["id"]] = proc.pid

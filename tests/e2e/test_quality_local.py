@@ -22,7 +22,7 @@ pytest.importorskip("numpy")
 def test_diverging_run_caught_then_refused_on_resume(home, tmp_path):
     prof = home / ".config/gpurun/profiles"
     prof.mkdir(parents=True)
-    (prof / "local.yaml").write_text("quality:\n  action: alert\n  intervals_s: [2, 2, 3, 4]\n")
+    (prof / "local.yaml").write_text("quality:\n  action: alert\n  intervals_s: [2, 2, 3, 4]\n  scan_s: 0.5\n")
     py = sys.executable
     toy = ROOT / "examples/train_toy.py"
     q = tmp_path / "q.txt"

@@ -52,7 +52,7 @@ def test_flat_run_on_ssh_box_is_reviewed_with_a_key_set_by_secret_set(ssh_host, 
         udir = paths.user_profiles_dir()
         udir.mkdir(parents=True, exist_ok=True)
         (udir / f"{ssh_host['profile']}.yaml").write_text(
-            "quality:\n  action: alert\n  intervals_s: [3, 60]\n  reviewer:\n"
+            "quality:\n  action: alert\n  intervals_s: [3, 60]\n  scan_s: 0.5\n  reviewer:\n"
             f"    base_url: {chat.url}\n    model: judge-model\n    key_env: REVIEW_KEY\n    timeout_s: 5\n")
         run("secret", "set", "REVIEW_KEY", env_=dict(env, REVIEW_KEY=key))  # the only way the key travels
         q = tmp_path / "q.txt"

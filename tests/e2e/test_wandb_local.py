@@ -37,7 +37,7 @@ run.finish()
 def test_wandb_offline_jobs_found_judged_and_diverging_one_stopped(home, tmp_path):
     prof = home / ".config/gpurun/profiles"
     prof.mkdir(parents=True)
-    (prof / "local.yaml").write_text("quality:\n  action: stop\n  intervals_s: [2, 2, 3, 4]\n")
+    (prof / "local.yaml").write_text("quality:\n  action: stop\n  intervals_s: [2, 2, 3, 4]\n  scan_s: 0.5\n")
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "train_wb.py").write_text(TRAIN)

@@ -7,12 +7,14 @@ them (and starts their writeback). On the 2-core loopback that is ~1 CPU-s per G
 home and the pull ~0.5 s faster per GiB (docs/BENCHMARKS.md, issue 15 item 2).
 
 What it gives up: there is no marker in front of the payload, so a login shell that prints
-on stdout would put its words into the file. So it runs only for a box that a one-off probe
-found quiet (``ssh box printf MARK`` returns exactly the marker; cached per box for the life
-of the process), and without ``bwlimit_kbps`` (ssh cannot be paced). The marker goes to
-stderr instead: it says the command ran. A stream that still brings more bytes than the
-file has (noise after all, or a file that grew) is cut back to where it started and the
-caller streams it through the pipe. Whatever slips through fails the engine's SHA-256 check
+on stdout would put its words into the file. So a probe (``ssh box printf MARK`` must return
+exactly the marker; cached per box for the life of the process) runs on a thread of its own
+while the first stream starts (its login would cost ~0.2 s of a 3 s pull otherwise); a box
+it finds chatty has its stream stopped and cut back to where it started, and the caller
+streams the file through the marked pipe (``sync.stream``), as it does from then on. No
+``bwlimit_kbps`` either (ssh cannot be paced). The marker goes to stderr: it says the
+command ran. A stream that brings more bytes than the file has (noise after all, or a file
+that grew) is cut back the same way. Whatever slips through fails the engine's SHA-256 check
 against the manifest: nothing gets its final name unverified.
 """
 
@@ -22,22 +24,35 @@ import os
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from orchestrator.errors import TransportError
 from orchestrator.sync.stream import MARK, PROGRESS_EVERY
 from orchestrator.sync.transfer import CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, TransferGroup, _range_flusher
 
-NOISY = "noisy"  # the stream brought more than the file: use the piped stream
 _QUIET: dict[str, bool] = {}
+_PROBES: dict[str, threading.Thread] = {}
 POLL_S = 0.002   # the partial is read again this often while it grows
+Verdict = Callable[[float], Optional[bool]]
+
+
+class Noisy:
+    """The stream was cut back (a chatty box, more bytes than the file): use the pipe."""
+
+    def __init__(self, wasted: int):
+        self.wasted = wasted  # bytes that crossed the link for nothing
+
+
+def _key(ssh_argv: list[str], target: str) -> str:
+    return "\0".join([*ssh_argv, target])
 
 
 def quiet(ssh_argv: list[str], target: str) -> bool:
     """Does the box's login shell print nothing on stdout for a command? One probe per box."""
-    key = "\0".join([*ssh_argv, target])
+    key = _key(ssh_argv, target)
     if key not in _QUIET:
         try:
             res = subprocess.run([*ssh_argv, target, f"printf '%s\\n' {MARK.decode().strip()}"],
@@ -45,18 +60,37 @@ def quiet(ssh_argv: list[str], target: str) -> bool:
             _QUIET[key] = res.returncode == 0 and res.stdout == MARK
         except (OSError, subprocess.SubprocessError):
             _QUIET[key] = False
+    _PROBES.pop(key, None)  # answered: a cleared cache probes again
     return _QUIET[key]
 
 
+def verdict_of(ssh_argv: list[str], target: str) -> Verdict:
+    """``answer(wait_s)``: the probe's word (True: quiet), None while it is still out; the
+    probe starts on a thread of its own unless the box's answer is known."""
+    key = _key(ssh_argv, target)
+    if key not in _QUIET and key not in _PROBES:
+        _PROBES[key] = threading.Thread(target=quiet, args=(ssh_argv, target), daemon=True,
+                                        name="gpurun-quiet-probe")
+        _PROBES[key].start()
+
+    def answer(wait_s: float = 0.0) -> Optional[bool]:
+        probe = _PROBES.get(key)
+        if probe is not None and wait_s and key not in _QUIET:
+            probe.join(wait_s)
+        return _QUIET.get(key)
+    return answer
+
+
 def forget(ssh_argv: list[str], target: str) -> None:
-    _QUIET["\0".join([*ssh_argv, target])] = False
+    _QUIET[_key(ssh_argv, target)] = False
 
 
 def direct_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, size: int, start: int,
-                  h, on_progress: Progress, timeout_s: float) -> Union[Optional[Fetched], str]:
+                  h, on_progress: Progress, timeout_s: float, verdict: Verdict) -> Union[Optional[Fetched], Noisy]:
     """Append ``remote`` from byte ``start`` to ``partial`` (ssh writes it), hashing what lands
     into ``h`` (which holds the first ``start`` bytes). Fetched; None: the box cannot stream
-    (rsync); NOISY: more bytes came than the file has, the partial is back at ``start``."""
+    (rsync); Noisy: the probe found the box chatty, or more bytes came than the file has: the
+    partial is back at ``start``."""
     copy = "cat" if start == 0 else f"tail -c +{start + 1}"
     cmd = f"printf '%s\\n' {MARK.decode().strip()} >&2; exec {copy} -- {shlex.quote(remote)}"
     try:
@@ -71,7 +105,7 @@ def direct_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, 
             finally:
                 os.close(wfd)
             try:
-                at = _follow(group.proc, rfd, h, start, size, on_progress, timeout_s, str(remote))
+                at = _follow(group.proc, rfd, h, start, size, on_progress, timeout_s, str(remote), verdict)
             finally:
                 group.close()
             errf.seek(0)
@@ -82,10 +116,10 @@ def direct_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, 
         os.close(rfd)
     started = MARK in err
     text = err.replace(MARK, b"").decode(errors="replace").strip()
-    if length > size:
+    if length > size or verdict() is False or (length > start and verdict(60.0) is not True):
         os.truncate(partial, start)  # words of a login shell, or a file that grew: the pipe cuts it right
         forget(ssh_argv, target)
-        return NOISY
+        return Noisy(length - start)
     if length == start and (code == 127 or (not started and code != 255)):
         return None  # no cat/tail there, or a shell that did not run the command: rsync
     if not started:
@@ -99,15 +133,18 @@ def direct_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, 
 
 
 def _follow(proc: subprocess.Popen, rfd: int, h, at: int, size: int, on_progress: Progress,
-            stall_s: float, remote: str) -> int:
+            stall_s: float, remote: str, verdict: Verdict) -> int:
     """Hash the partial's new bytes up to ``size`` while ssh appends them; start their
     writeback every WRITEBACK bytes (the fsync before the rename then finds little to do).
-    Returns how far it hashed once ssh has exited."""
+    Returns how far it hashed once ssh has exited (or the probe found the box chatty: then
+    the caller's close stops ssh and cuts the partial back)."""
     flush = _range_flusher()
     buf = bytearray(CHUNK)
     flushed = reported = at
     last = time.monotonic()
     while True:
+        if verdict() is False:
+            return at
         n = os.preadv(rfd, [memoryview(buf)[:min(CHUNK, size - at)]], at) if at < size else 0
         if n > 0:
             h.update(memoryview(buf)[:n])

@@ -91,13 +91,15 @@ def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, siz
         return Fetched(h.hexdigest(), start, 0, start, "ssh-stream")  # all here already (or empty): verify it
     wasted = 0
     if DIRECT and not bwlimit_kbps:
-        from orchestrator.sync.direct import NOISY, direct_stream, quiet  # they import this module
+        from orchestrator.sync.direct import Noisy, direct_stream, verdict_of  # they import this module
 
-        if quiet(ssh_argv, target):
-            got = direct_stream(ssh_argv, target, remote, partial, size, start, h, on_progress, timeout_s)
-            if got != NOISY:
-                return got  # type: ignore[return-value]
-            wasted = size - start  # at least: it crossed the link for nothing
+        verdict = verdict_of(ssh_argv, target)  # a box not probed yet: the probe runs alongside
+        if verdict() is not False:
+            got = direct_stream(ssh_argv, target, remote, partial, size, start, h, on_progress, timeout_s,
+                                verdict)
+            if not isinstance(got, Noisy):
+                return got
+            wasted = got.wasted  # it crossed the link for nothing
             h = prefix_hasher(partial, start)
     wfd = _open(partial)
     hasher = _HashThread(h, wfd, start, _range_flusher())

@@ -2,7 +2,8 @@
 against the real loopback sshd: ``kill -9`` of the pulling process mid-stream takes its ssh
 with it (nothing writes behind the lock), the next pull resumes and lands the file verified;
 a stream that brings more bytes than the manifest's (a file that grew, words of a shell) is
-cut back and fetched through the marked pipe; a chatty box is never pulled this way."""
+cut back and fetched through the marked pipe, and so is a file from a chatty box (the probe
+runs alongside the first stream; the box is remembered)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def test_kill_9_mid_direct_stream_then_resume(ssh_host: dict, tmp_path: Path):
     assert SIZE - 1_000_000 <= res.wire_bytes <= SIZE - 1_000_000 + 100  # only the missing bytes came
 
 
-def test_more_bytes_than_the_manifest_go_through_the_pipe_and_a_chatty_box_never_direct(
+def test_more_bytes_than_the_manifest_or_a_chatty_box_go_through_the_marked_pipe(
         ssh_host: dict, noisy_ssh_host: dict, tmp_path: Path):
     src, _ = box_file(ssh_host, "grew.bin", 3_000_000)
     head = src.read_bytes()[:2_000_000]
@@ -106,8 +107,10 @@ def test_more_bytes_than_the_manifest_go_through_the_pipe_and_a_chatty_box_never
     assert res.wire_bytes >= 4_000_000, res.wire_bytes  # the cut-back stream counts: it crossed the link
     assert not direct.quiet(f._ssh_list(), f.target) and time.monotonic() - t < 30  # pipe from now on
 
+    # first contact with a chatty box: the probe runs alongside the stream and stops it
     noisy = fetcher_for(noisy_ssh_host)
-    assert not direct.quiet(noisy._ssh_list(), noisy.target)  # its .bashrc prints: the marked pipe
     nsrc, digest = box_file(noisy_ssh_host, "n.bin", 1_500_000)
     res = pull_job(job_of(nsrc, digest), tmp_path / "b", noisy, KeepPolicy(), host="noisy")
     assert res.verified and JobRecord(tmp_path / "b").files["checkpoints/model.bin"]["method"] == "ssh-stream"
+    assert hashlib.sha256((tmp_path / "b" / "checkpoints" / "model.bin").read_bytes()).hexdigest() == digest
+    assert not direct.quiet(noisy._ssh_list(), noisy.target)  # its .bashrc prints: the marked pipe from now on

@@ -13,6 +13,7 @@ from pullrig import chown_to
 
 from orchestrator.errors import TransportError
 from orchestrator.sync import engine
+from orchestrator.sync.direct import quiet
 from orchestrator.sync.engine import pull_job
 from orchestrator.sync.keep import KeepPolicy
 from orchestrator.sync.state import JobRecord
@@ -57,7 +58,9 @@ def test_stream_through_a_chatty_shell_resumes_and_verifies(noisy_ssh_host: dict
     partial = root / ".gpurun-partial" / "checkpoints" / "model.bin"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(src.read_bytes()[:2_400_000])  # a pull killed at 40 %
-    res = pull_job(job_of(src, digest), root, fetcher_for(noisy_ssh_host), KeepPolicy(), host="noisy")
+    fetcher = fetcher_for(noisy_ssh_host)
+    assert not quiet(fetcher._ssh_list(), fetcher.target)  # probed (by an earlier pass): the marked pipe
+    res = pull_job(job_of(src, digest), root, fetcher, KeepPolicy(), host="noisy")
     assert res.verified and res.pulled == ["checkpoints/model.bin"], res.as_dict()
     final = root / "checkpoints" / "model.bin"
     assert hashlib.sha256(final.read_bytes()).hexdigest() == digest  # the .bashrc noise is not in it

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from orchestrator.agent import control
 from orchestrator.agent import quality_hook as QH
+from orchestrator.agent.framing import unframe
 from orchestrator.agent.store import Store
 from orchestrator.cli.main import cli
 from orchestrator.quality.judge import check, judge
@@ -100,3 +104,33 @@ def test_final_on_synthetic_runs_and_the_agent(tmp_path):
         assert json.load(open(res["evidence_path"]))["final"] is True
     finally:
         store.close()
+
+
+def test_check_verb_judges_an_ended_job_as_final(tmp_path):
+    # `gpurun check --job NAME` asks the agent's `check` verb: a job that has ended is judged as
+    # its final check judged it, a running one as a running job (the agent process, for real)
+    state = tmp_path / "state"
+    state.mkdir()
+    store = Store(control.files(str(state))["db"])
+    try:
+        for jid, end in (("j1", False), ("j2", True)):
+            rd = tmp_path / "runs" / jid
+            rd.mkdir(parents=True)
+            _healthy(rd / "metrics.jsonl", 300, [(300, float("nan"))])
+            store.insert_jobs([{"id": jid, "name": "train-" + jid, "command": "python train.py",
+                                "run_dir": str(rd), "log": str(rd / "stdout.log"), "env": {}}])
+            assert store.transition(jid, ["queued"], "running", attempt=1, started_at=T0)
+            if end:
+                assert store.transition(jid, ["running"], "failed", exit_code=1, ended_at=T0 + 9)
+    finally:
+        store.close()
+    got = {}
+    for name in ("train-j1", "train-j2"):
+        p = subprocess.run([sys.executable, "-m", "orchestrator.agent", "check", "--state-dir", str(state)],
+                           input=json.dumps({"job": name}), capture_output=True, text=True, timeout=60)
+        reply = unframe(p.stdout)
+        assert reply["ok"], p.stderr
+        got[name] = reply["result"]
+    assert got["train-j1"]["verdict"] == "WAIT" and got["train-j1"]["final"] is False
+    assert got["train-j2"]["verdict"] == "STOP" and got["train-j2"]["final"] is True
+    assert got["train-j2"]["job"]["state"] == "failed"

@@ -37,7 +37,8 @@ VERDICT_STYLE = {"STOP": "bold red", "WAIT": "bold yellow", "CONTINUE": "bold gr
 @click.option("--upto-step", type=FiniteFloat(),
               help="Judge only the history up to this step (the resume gate's view).")
 @click.option("--final", is_flag=True,
-              help="SOURCE is a run that has ended: a last loss of NaN/Inf is STOP even alone (--job: the job's state says).")
+              help="SOURCE is a run that has ended: a last loss of NaN/Inf is STOP even alone "
+                   "(--job: the job's state says).")
 @click.option("--reviewer", help="Command that gets the JSON summary on stdin for ambiguous cases.")
 @click.option("--reviewer-url", metavar="URL",
               help="OpenAI-compatible endpoint asked on ambiguous verdicts, e.g. https://api.openai.com/v1.")

@@ -31,7 +31,8 @@ from typing import Callable, Optional, Union
 
 from orchestrator.errors import TransportError
 from orchestrator.sync.stream import MARK, PROGRESS_EVERY
-from orchestrator.sync.transfer import CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, TransferGroup, _range_flusher
+from orchestrator.sync.transfer import (CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, TransferGroup,
+                                         _range_flusher, no_space_in)
 
 _QUIET: dict[str, bool] = {}
 _PROBES: dict[str, threading.Thread] = {}
@@ -126,6 +127,7 @@ def direct_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, 
         raise TransportError(f"ssh stream of {remote} failed (exit {code}): {text[-300:]}",
                              "run the pull again: it resumes from the bytes already here")
     if at < size and code != 0:
+        no_space_in(text, partial)  # ssh (or the box's cat, through it) could not write here
         raise TransportError(f"ssh stream of {remote} stopped at byte {length} (exit {code}): {text[-300:]}",
                              "run the pull again: it resumes from the bytes already here")
     on_progress(at)

@@ -8,8 +8,11 @@ carries the bytes, and gpurun appends each block to the partial while a second t
 the same block. Nothing is read back; the engine still compares the digest with the manifest
 before the rename, exactly as for the other methods.
 
-With ``RANGED_MIN`` bytes or more missing, the file comes as ``STREAMS`` streams of a byte
-range each (``sync.parallel``; ``sync.ranges`` says why and how the resume works).
+On a box whose login shell is quiet, and without a bandwidth limit, ssh writes the partial
+itself and gpurun hashes it from the page cache (``sync.direct``: one copy at home instead of
+three); the piped stream here is for chatty boxes and paced pulls. With ``streams`` > 1 and
+``RANGED_MIN`` bytes or more missing, the file comes as that many streams of a byte range
+each (``sync.parallel``; ``sync.ranges`` says how the resume works; off by default).
 
 A shell that prints on login (a chatty ``.bashrc``) cannot corrupt the stream: the payload
 starts after a marker line the command prints first. A box without ``cat``/``tail`` or a
@@ -68,8 +71,9 @@ def ssh_stream(ssh_argv: list[str], target: str, remote: str, partial: Path, siz
                on_progress: Progress, timeout_s: float, bwlimit_kbps: int = 0,
                streams: int = STREAMS) -> Optional[Fetched]:
     """Bring ``partial`` up to ``remote``'s first ``size`` bytes, hashing as they arrive: one
-    stream appended to the partial, or, for ``RANGED_MIN`` bytes or more still missing,
-    ``streams`` streams of a byte range each (a resumed ranged partial goes on that way).
+    stream appended to the partial (written by ssh itself on a quiet box, ``sync.direct``), or,
+    for ``RANGED_MIN`` bytes or more still missing, ``streams`` streams of a byte range each
+    (a resumed ranged partial goes on that way).
     None: the box cannot stream (no ``cat``/``tail``/``dd``, not a POSIX shell), use rsync.
     Raises TransportError when the link or the box's read fails (the bytes already written
     stay: the next pass resumes), LocalWriteError when home cannot write."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -120,7 +121,12 @@ def _exit_after_wait(jobs: list[tuple[str, Job]], err: Any, as_json: bool) -> No
                       f"{'' if host == 'local' else ' --host ' + host}` (evidence under its run dir's "
                       f"quality/); exit code {CLI_CODES['quality_stop'][1]}", soft_wrap=True, markup=False)
         sys.exit(CLI_CODES["quality_stop"][1])
-    if any(j["state"] != "succeeded" for _, j in jobs):
+    failed = [(h, j) for h, j in jobs if j["state"] != "succeeded"]
+    if failed:
+        if not as_json:  # a bare `failed 1` leaves a newcomer guessing where the job's output is
+            host, first = failed[0]
+            err.print(f"{len(failed)} job(s) did not succeed; see why with `gpurun queue logs {shlex.quote(first['name'])}"
+                      f"{'' if host == 'local' else ' --host ' + host}`", soft_wrap=True, markup=False)
         sys.exit(1)
 
 

@@ -181,6 +181,23 @@ def last_local_record(host_name: str) -> dict | None:
         return None
 
 
+def never_pushed_warning(host: dict, remote: dict | None, jobs: list[dict]) -> str | None:
+    """A one-line warning when nothing was ever pushed to an SSH ``host`` (``remote`` is the
+    box's push record, None) and one of ``jobs`` (those just added) runs in its workdir, else
+    None. A new user's first ``python train.py`` on a fresh box otherwise fails with a bare
+    ``exit code 2``: the agent is sent on first use, the project is not."""
+    workdir = host.get("workdir")
+    if host.get("kind", "local") == "local" or remote or not workdir:
+        return None
+    inside = [j for j in jobs if j.get("cwd") == workdir or str(j.get("cwd") or "").startswith(workdir.rstrip("/") + "/")]
+    if not inside:
+        return None
+    name = host["name"]
+    return (f"nothing was pushed to {name} yet: job(s) run in its workdir {workdir}, which has none of "
+            f"your files; if they need them, run `gpurun push --host {name} .`, then "
+            f"`gpurun queue retry NAME --host {name}` for a job that failed")
+
+
 def code_differs_warning(host: dict, remote: dict | None) -> str | None:
     """A one-line warning when the code last pushed to ``host`` differs from the tree it was
     pushed from, else None.

@@ -80,11 +80,13 @@ def read_specs(file: str, start: int = 1) -> tuple[list, list]:
 def submit(session: Any, plan: SubmitPlan) -> SubmitResult:
     """Send the plan's jobs through ``session`` (an ``AgentClient`` for ``plan.host``); one
     round trip. Submitting the same jobs again adds nothing (they come back as ``present``)."""
-    from orchestrator.core.push import code_differs_warning
+    from orchestrator.core.push import code_differs_warning, never_pushed_warning
 
     res = session.submit(plan.jobs)
     warnings = list(plan.warnings)
-    stale = code_differs_warning(plan.host, res.get("code"))
+    added = set(res["added"])
+    stale = (code_differs_warning(plan.host, res.get("code"))
+             or never_pushed_warning(plan.host, res.get("code"), [j for j in plan.jobs if j["id"] in added]))
     if stale:
         warnings.append(stale)
     return SubmitResult(plan.host["name"], list(res["added"]), list(res["present"]), warnings, plan.ids)

@@ -1,0 +1,52 @@
+"""A newcomer's first queue on a fresh SSH box, through the real CLI: no `setup`, no `push`.
+
+The agent is sent on first use, so a self-contained job just runs; a job that needs the
+project's files fails, and the submit must have said why beforehand (nothing pushed yet, and
+the `push` / `queue retry` to run), and `--wait` must say where the failed job's output is.
+After a push the warning is gone and the retried job succeeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rigs.agents import gpurun, kill_agents_under
+from rigs.sshd import CLEAN_USER
+
+
+def test_fresh_box_without_push_says_what_to_do(sshd, home: Path, tmp_path: Path) -> None:
+    box = sshd.user_dir(CLEAN_USER, "newuser")     # a fresh state dir and workdir on the box
+    res = gpurun("host", "add", "box", "--ssh", f"{CLEAN_USER}@127.0.0.1:{sshd.port}",
+                 "--key", str(sshd.client_key), "--state-dir", str(box / "state"),
+                 "--workdir", str(box / "work"))
+    assert res.returncode == 0, res.stderr
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print('trained')\n")
+    q = proj / "q.txt"
+    q.write_text('[name=hello] echo hi\n[name="my run"] python3 train.py\n')
+    try:
+        res = gpurun("queue", "submit", str(q), "--host", "box", "--wait", cwd=str(proj))
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        assert "Traceback" not in res.stderr
+        warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: nothing was pushed")]
+        assert len(warn) == 1, res.stderr
+        assert f"{box / 'work'}" in warn[0] and "`gpurun push --host box .`" in warn[0], warn
+        assert "`gpurun queue retry NAME --host box`" in warn[0], warn
+        assert "see why with `gpurun queue logs 'my run' --host box`" in res.stderr, res.stderr
+        states = {ln.split()[1]: ln.split()[2] for ln in res.stdout.splitlines()[1:]}
+        assert states.get("hello") == "succeeded", res.stdout   # the agent went up by itself
+
+        # submitting the same file again adds nothing, and says nothing more about pushing
+        res = gpurun("queue", "submit", str(q), "--host", "box", cwd=str(proj))
+        assert res.returncode == 0 and "nothing was pushed" not in res.stderr, res.stderr
+
+        # what the warning said to do works: push, retry, and the job succeeds
+        assert gpurun("push", "--host", "box", str(proj)).returncode == 0
+        res = gpurun("queue", "retry", "my run", "--host", "box")
+        assert res.returncode == 0, res.stderr
+        res = gpurun("queue", "submit", str(q), "--host", "box", "--wait", cwd=str(proj))
+        assert res.returncode == 0, (res.stdout, res.stderr)
+        assert "nothing was pushed" not in res.stderr and "did not succeed" not in res.stderr
+    finally:
+        kill_agents_under(box)

@@ -18,6 +18,20 @@ def show_path(path: str) -> str:
     return show(path)
 
 
+BAR_WIDTH = 12
+FIGURES_WIDTH = BAR_WIDTH + 36  # "117.6/400.0 MB" "180.6 MB/s" "0:00:02" and the gaps
+
+
+def fit_label(text: str, room: int) -> str:
+    """``text`` cut to ``room`` characters in its middle, keeping the job id in front and the
+    file's own name at the end (the part that tells files apart)."""
+    room = max(room, 20)
+    if len(text) <= room:
+        return text
+    head = min(13, room // 2)
+    return text[:head] + "…" + text[len(text) - (room - head - 1):]
+
+
 class RichProgress:
     """Per-file bars with throughput on stderr; a file bar disappears when it is done."""
 
@@ -26,9 +40,17 @@ class RichProgress:
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                    TimeRemainingColumn, TransferSpeedColumn)
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeRemainingColumn(),
-                                 console=Console(stderr=True), transient=True)
+        from rich.table import Column
+
+        # One line per file at any width (80 columns included): the bar is short and the name
+        # gives way, never the figures (rich would otherwise wrap "117.6/400.0 MB" or drop the
+        # bar behind a long path).
+        fixed = {"table_column": Column(no_wrap=True)}
+        self.progress = Progress(TextColumn("{task.description}", table_column=Column(
+                                     ratio=1, no_wrap=True, overflow="ellipsis")),
+                                 BarColumn(bar_width=BAR_WIDTH), DownloadColumn(**fixed),
+                                 TransferSpeedColumn(**fixed), TimeRemainingColumn(**fixed),
+                                 console=Console(stderr=True), transient=True, expand=True)
         self.task: Optional[Any] = None
         self.label = ""
 
@@ -42,9 +64,11 @@ class RichProgress:
     def file_started(self, job: str, path: str, total: int, resumed_from: int) -> None:
         from rich.markup import escape
 
-        self.label = escape(f"{job[:12]} {show_path(path)}")  # '[br].pt' is a name, not markup
-        desc = self.label + (" (resume)" if resumed_from else "")
-        self.task = self.progress.add_task(desc, total=total, completed=resumed_from)
+        text = f"{job[:12]} {show_path(path)}"
+        self.label = escape(text)  # '[br].pt' is a name, not markup
+        desc = fit_label(text + (" (resume)" if resumed_from else ""),
+                         self.progress.console.width - FIGURES_WIDTH)
+        self.task = self.progress.add_task(escape(desc), total=total, completed=resumed_from)
 
     def file_progress(self, pos: int) -> None:
         if self.task is not None:

@@ -3,11 +3,17 @@
 The agent is sent on first use, so a self-contained job just runs; a job that needs the
 project's files fails, and the submit must have said why beforehand (nothing pushed yet, and
 the `push` / `queue retry` to run), and `--wait` must say where the failed job's output is.
-After a push the warning is gone and the retried job succeeds.
+After a push the warning is gone and the retried job succeeds. And `pull`'s progress bars on
+an 80-column terminal stay one line each, figures and the file's own name included.
 """
 
 from __future__ import annotations
 
+import os
+import pty
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from rigs.agents import gpurun, kill_agents_under
@@ -50,3 +56,38 @@ def test_fresh_box_without_push_says_what_to_do(sshd, home: Path, tmp_path: Path
         assert "nothing was pushed" not in res.stderr and "did not succeed" not in res.stderr
     finally:
         kill_agents_under(box)
+
+
+def _on_terminal(*args: str, columns: int = 80) -> tuple[int, str]:
+    """The real CLI with stderr on a pseudo-terminal ``columns`` wide: (exit code, stderr)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=slave, env=dict(os.environ, COLUMNS=str(columns)))
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:          # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return proc.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_pull_bars_fit_80_columns_with_a_long_checkpoint_path(home: Path, tmp_path: Path) -> None:
+    q = tmp_path / "q.txt"
+    name = "model_epoch_0012_step_000120000.pt"
+    q.write_text(f"[name=ckpt checkpoints=out] mkdir -p out/a-rather-long-directory-name && "
+                 f"head -c 150000000 /dev/zero > out/a-rather-long-directory-name/{name}\n")
+    assert gpurun("queue", "submit", str(q), "--wait", cwd=str(tmp_path)).returncode == 0
+    code, err = _on_terminal("pull")
+    assert code == 0, err
+    frames = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", err).replace("\r", "\n").splitlines()
+    bars = [ln for ln in frames if "/150.0 MB" in ln]
+    assert bars, err                                   # the checkpoint's bar was drawn
+    # one line each, at most 80 wide, with the bar, the figures and the file's own name
+    assert all(len(ln) <= 80 and name[-16:] in ln and "━" in ln for ln in bars), bars
+    assert "verified" in err, err

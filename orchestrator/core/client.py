@@ -189,7 +189,11 @@ class AgentClient:
             kind, msg = str(err.get("kind")), str(err.get("message") or "agent error")
             if kind == P.UNKNOWN_VERB:
                 raise self._mismatch(verb, envelope, msg)
-            raise from_agent(kind, msg, err.get("hint") or None, host=self.host["name"])
+            hint, name = err.get("hint") or None, self.host["name"]
+            if kind == "not_found" and name != "local":  # the agent cannot know the name it has here
+                msg = msg.replace("on this host", f"on {name}")
+                hint = hint and hint.replace("`gpurun queue status`", f"`gpurun queue status --host {name}`")
+            raise from_agent(kind, msg, hint, host=name)
         result = envelope.get("result")
         missing = verb.missing_keys(result)
         if missing:

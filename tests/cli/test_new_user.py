@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rigs.agents import gpurun, kill_agents_under
+from rigs.agents import gpurun, kill_agents_under, one_error
 from rigs.sshd import CLEAN_USER
 
 
@@ -42,6 +42,11 @@ def test_fresh_box_without_push_says_what_to_do(sshd, home: Path, tmp_path: Path
         assert "see why with `gpurun queue logs 'my run' --host box`" in res.stderr, res.stderr
         states = {ln.split()[1]: ln.split()[2] for ln in res.stdout.splitlines()[1:]}
         assert states.get("hello") == "succeeded", res.stdout   # the agent went up by itself
+
+        # a job that is not there: the error names the box and the status command for it
+        res = gpurun("queue", "logs", "nosuch", "--host", "box")
+        assert "no job 'nosuch' on box" in one_error(res), res.stderr
+        assert "`gpurun queue status --host box`" in res.stderr, res.stderr
 
         # submitting the same file again adds nothing, and says nothing more about pushing
         res = gpurun("queue", "submit", str(q), "--host", "box", cwd=str(proj))

@@ -85,6 +85,15 @@ def test_splits_are_disjoint_and_both_hold_failures_and_healthy_runs():
             seen[key] = (it["file"], split)
         kinds = {it["expected_final"] for it in _items(split)}
         assert {"STOP", "NOT_STOP"} <= kinds, "%s needs both failures and healthy runs" % split
+    # across splits, one source (an issue, or a file in a repo) may feed only one of them: an
+    # excerpt of a holdout's issue in dev would teach the checker the holdout's run
+    where = {}
+    for split in SPLITS:
+        for it in _items(split):
+            src = (it["source"].rstrip("/"), it["source_path"])
+            other = where.setdefault(src, (split, it["file"]))
+            assert other[0] == split, "%s in %s and %s in %s come from the same source %s" % (
+                it["file"], split, other[1], other[0], src[0])
     names = [{it["file"] for it in _items(split)} for split in SPLITS]
     for i, a in enumerate(names):
         for b in names[i + 1:]:

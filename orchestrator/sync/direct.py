@@ -58,9 +58,10 @@ def quiet(ssh_argv: list[str], target: str) -> bool:
         try:
             res = subprocess.run([*ssh_argv, target, f"printf '%s\\n' {MARK.decode().strip()}"],
                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
-            _QUIET[key] = res.returncode == 0 and res.stdout == MARK
+            said = res.returncode == 0 and res.stdout == MARK
         except (OSError, subprocess.SubprocessError):
-            _QUIET[key] = False
+            said = False
+        _QUIET.setdefault(key, said)  # a stream that found noise meanwhile (forget) has the last word
     _PROBES.pop(key, None)  # answered: a cleared cache probes again
     return _QUIET[key]
 

@@ -46,6 +46,7 @@ PULL = Obj({
     "settle_s": Num(minimum=0, maximum=3600),
     "reverify": Int(minimum=0, maximum=1_000_000),
     "bwlimit_kbps": Int(minimum=0, maximum=100_000_000),
+    "streams": Int(minimum=1, maximum=8),                              # parallel ssh streams per large file
 }, open=True)
 
 S3 = Obj({

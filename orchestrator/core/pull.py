@@ -26,7 +26,7 @@ from orchestrator.sync.state import (VERIFIED, JobRecord, job_dir_name, job_root
                                      write_json_atomic)
 from orchestrator.sync.transfer import LocalFetcher, RsyncFetcher, SftpFetcher, ssh_argv_for
 
-PULL_KEYS = ("dest", "keep_latest", "best", "interval_s", "method", "settle_s", "reverify", "bwlimit_kbps")
+PULL_KEYS = ("dest", "keep_latest", "best", "interval_s", "method", "settle_s", "reverify", "bwlimit_kbps", "streams")
 REVERIFY_DEFAULT = 10  # each pull re-reads the 1/10 of local copies checked longest ago
 
 
@@ -111,8 +111,10 @@ def known_dests() -> list[Path]:
     return out
 
 
-def choose_fetcher(session: Any, method: str = "auto", bwlimit_kbps: int = 0) -> Any:
-    """rsync when both ends have it, else SFTP; a local host is copied directly."""
+def choose_fetcher(session: Any, method: str = "auto", bwlimit_kbps: int = 0, streams: int = 1) -> Any:
+    """rsync when both ends have it, else SFTP; a local host is copied directly. ``streams``: the
+    parallel ssh streams one large file comes over (``pull.streams``; 1 is fastest where both ends
+    share few CPUs, more may fill a long fat link)."""
     host = session.host
     if host.get("kind", "local") == "local":
         return LocalFetcher()
@@ -122,7 +124,7 @@ def choose_fetcher(session: Any, method: str = "auto", bwlimit_kbps: int = 0) ->
             from orchestrator.transport.hostkeys import default_known_hosts
 
             argv, target = ssh_argv_for(host, str(default_known_hosts()))
-            return RsyncFetcher(argv, target, bwlimit_kbps=bwlimit_kbps)
+            return RsyncFetcher(argv, target, bwlimit_kbps=bwlimit_kbps, streams=streams)
         if method == "rsync":
             raise TransportError(f"rsync is not installed on {host['name']}",
                                  "install it there, or drop `pull.method: rsync` to use SFTP")
@@ -218,7 +220,8 @@ def pull(host_name: Optional[str] = None, *, jobs: Optional[list[str]] = None,
     while True:
         try:
             with open_session(host_name) as session:
-                fetcher = choose_fetcher(session, cfg.get("method") or "auto", int(cfg.get("bwlimit_kbps") or 0))
+                fetcher = choose_fetcher(session, cfg.get("method") or "auto", int(cfg.get("bwlimit_kbps") or 0),
+                                         int(cfg.get("streams") or 1))
                 summary = pull_once(session, out, jobs=jobs, policy=policy, fetcher=fetcher,
                                     progress=progress, rehash=rehash, s3=target, settle_s=settle_s,
                                     reverify=reverify)
@@ -249,7 +252,8 @@ def repull_changed(session: Any, rec: JobRecord, job: dict, f: dict, notes: list
     fetcher = getattr(session, "_gpurun_fetcher", None)
     cfg = pull_config()[0]
     if fetcher is None:
-        fetcher = choose_fetcher(session, cfg.get("method") or "auto", int(cfg.get("bwlimit_kbps") or 0))
+        fetcher = choose_fetcher(session, cfg.get("method") or "auto", int(cfg.get("bwlimit_kbps") or 0),
+                                 int(cfg.get("streams") or 1))
         try:
             session._gpurun_fetcher = fetcher  # one probe per `down`, however many files changed
         except AttributeError:

@@ -133,7 +133,8 @@ def test_recover_refuses_a_bad_config_before_renting(home, monkeypatch):
     (b"pull:\n  best: {mode: min}\n", "config.yaml:2: key 'pull.best.metric': missing required key"),
     (b"pull:\n  keep_latest: -2\n", "config.yaml:2: key 'pull.keep_latest': -2 is below the minimum 0"),
     (b"pull:\n  desst: /tmp\n", "config.yaml: unknown key 'pull.desst'"),
-], ids=["reverify-negative", "bwlimit-bool", "method", "best-no-metric", "keep-negative", "unknown-key"])
+    (b"pull:\n  streams: 0\n", "config.yaml:2: key 'pull.streams': 0 is below the minimum 1"),
+], ids=["reverify-negative", "bwlimit-bool", "method", "best-no-metric", "keep-negative", "unknown-key", "streams-zero"])
 def test_pull_section_is_checked_once_with_its_line(home, content, needle):
     """Types and ranges of `pull:` are the schema's (userconfig), with file:line:key; core/pull
     only refuses keys the pull engine does not know."""

@@ -46,6 +46,9 @@ FROZEN = ("the loss logs the same value again and again: is the optimizer steppi
           "repeating one batch?")
 FLAT_START = ("the loss has not moved from its first logged value yet: early warmup, or nothing is learned "
               "(parameters not in the optimizer, LR 0, a detached loss); the next checks will tell.")
+SATURATED = ("the loss sits at -ln(FLT_MIN) = 87.3365: every sample's true-class probability underflowed to the "
+             "softmax clamp, the net is confidently wrong everywhere (diverged weights or wrong labels); lower "
+             "the LR, check the weight init, the label range (labels >= num_output) and the input scaling.")
 ABSURD = ("the loss is 1e6 or more: it overflowed or the reduction is a sum over a huge batch; lower the LR, "
           "check the loss normalisation and the input scaling; set quality.absurd_loss if this scale is normal.")
 LR_ZERO = ("the learning rate dropped to 0 before the schedule's end and the loss stopped moving: the scheduler "

@@ -17,8 +17,9 @@ from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, IT
                                         BatchCounter, context_line, epoch_step, has_epoch_bar)
 from orchestrator.quality.tables import Table, abort_record, checkpoint_record, has_table_head, table_head
 
-# a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C
-_NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|NaN|NAN|inf|Inf|INF|Infinity|infinity))"
+# a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C,
+# and not the head of a word (logging's 'root INFO: epoch ...' is no infinite 'root')
+_NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_])))"
 NUM_SPLIT = re.compile(_NUM).split
 _IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
 _STRIP = " \t'\":=[]{}>#"

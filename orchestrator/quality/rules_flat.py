@@ -32,6 +32,17 @@ CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
 # an eval loss within 1e-5 (relative) of ln(K): the loss of exactly uniform probabilities, to float32
 # precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
 CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
+# -ln(FLT_MIN) = 87.3365 and -ln(DBL_MIN) = 708.396: the loss of a softmax whose every true-class
+# probability underflowed to the clamp (Caffe's SoftmaxWithLoss takes log(max(p, FLT_MIN))): the
+# net is confidently wrong on every sample, a dead softmax. Like ln(K), a value nothing else lands
+# on, so 2 logged steps on it are enough (a short issue paste has 2-5 points)
+SATURATED = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308))
+SATURATED_REL, SATURATED_STEPS = 1e-5, 2
+# a rounded printout (3.0447 with 4+ significant digits, at a level a model still learning sits
+# above) that stays within 2 units of its last digit for 20 logged steps: per-batch losses of a
+# live model differ by far more than 0.01%; the exact-equality test misses it because the print
+# flickers one digit (3.0447, 3.0446, 3.0445)
+PRINT_DIGITS, PRINT_UNITS, PRINT_FROZEN_STEPS = 4, 2, 20
 
 
 def no_learning(run: Run, opts: dict) -> List[Finding]:
@@ -39,7 +50,7 @@ def no_learning(run: Run, opts: dict) -> List[Finding]:
     s = run.get("loss") or run.main_loss()
     if s is None or not len(s):
         return []
-    out = chance_stuck(s, run) or chance_eval(s, run) or frozen(s)
+    out = chance_stuck(s, run) or chance_eval(s, run) or saturated(s) or frozen(s)
     if out and out[0]["severity"] == "stop":
         return out
     return out + flat_start(s, run)
@@ -128,9 +139,73 @@ def frozen(s: Series) -> List[Finding]:
     ev = {"series": s.name, "value": _r(last), "equal_logs": k, "precise": precise}
     if precise and k >= FROZEN_LOGS:
         return [finding("frozen", "stop", s.steps[n - k], ev, H.FROZEN, s.name)]
+    held = _print_frozen(s)
+    if held:  # the reason names the print band first: the exact-equal streak is short here
+        ev = dict({"series": s.name, "value": _r(last)}, **held, equal_logs=k)
+        return [finding("frozen", "stop", held["since_step"], ev, H.FROZEN, s.name)]
     if k >= 20:
         return [finding("frozen", "warn", s.steps[n - k], ev, H.FROZEN, s.name)]
     return []
+
+
+def _sig_digits(v: float) -> int:
+    """Significant digits of ``v`` as it was printed (repr keeps a parsed '3.0447' as 3.0447)."""
+    r = repr(abs(v)).lower()
+    if "e" in r or "inf" in r or "nan" in r:
+        r = r.split("e")[0]
+    return len(r.replace(".", "").lstrip("0")) or 1
+
+
+def _print_frozen(s: Series) -> dict:
+    """The last ``PRINT_FROZEN_STEPS`` logged steps within ``PRINT_UNITS`` units of the last
+    printed digit of a loss printed with ``PRINT_DIGITS``+ digits at or above ``LOW_LOSS``."""
+    vals, steps = s.values, s.steps
+    last = vals[-1]
+    if not isfinite(last) or last < LOW_LOSS:
+        return {}  # a low converged loss may print the same 4 digits: not a dead model
+    d = _sig_digits(last)
+    if d < PRINT_DIGITS:
+        return {}
+    unit = 10.0 ** (math.floor(math.log10(last)) - d + 1)
+    band = PRINT_UNITS * unit * (1 + 1e-9)
+    n, k, distinct, prev = len(vals), 0, 0, None
+    while k < n and k < 10000:
+        v = vals[n - 1 - k]
+        if not (isfinite(v) and abs(v - last) <= band):
+            break
+        if steps[n - 1 - k] != prev:
+            distinct += 1
+            prev = steps[n - 1 - k]
+        k += 1
+    if distinct < PRINT_FROZEN_STEPS:
+        return {}
+    return {"print_digits": d, "within_units": PRINT_UNITS, "logged_steps": distinct, "since_step": steps[n - k]}
+
+
+def saturated(s: Series) -> List[Finding]:
+    """The last ``SATURATED_STEPS`` logged steps at -ln(FLT_MIN) (or -ln(DBL_MIN)): a dead
+    softmax (``SATURATED``)."""
+    vals, steps = s.values, s.steps
+    last = vals[-1]
+    if not isfinite(last):
+        return []
+    target = next((t for t in SATURATED if abs(last - t) <= SATURATED_REL * t), 0.0)
+    if not target:
+        return []
+    n, k, distinct, prev = len(vals), 0, 0, None
+    while k < n and k < 10000:
+        v = vals[n - 1 - k]
+        if not (isfinite(v) and abs(v - target) <= SATURATED_REL * target):
+            break
+        if steps[n - 1 - k] != prev:
+            distinct += 1
+            prev = steps[n - 1 - k]
+        k += 1
+    if distinct < SATURATED_STEPS:
+        return []
+    return [finding("saturated_loss", "stop", steps[n - k],
+                    {"series": s.name, "value": _r(last), "saturation": _r(target), "logged_steps": distinct},
+                    H.SATURATED, s.name)]
 
 
 def chance_stuck(s: Series, run: Run) -> List[Finding]:

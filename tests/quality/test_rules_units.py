@@ -114,6 +114,26 @@ def test_frozen_to_float_precision_stops_a_rounded_printout_only_warns():
     assert "frozen" in codes(v, ("warn",)) and v["verdict"] != "STOP"
 
 
+def test_short_pastes_a_saturated_softmax_and_a_flickering_printout_stop():
+    # caffe's dead softmax: -ln(FLT_MIN) on 2 logged steps (each printed on 2 lines) is enough
+    sat = run_of([{"loss": 87.3365}], every=100)
+    sat.add_record(100, [("loss", 87.3365)])
+    assert "saturated_loss" not in codes(judge(sat, {}))
+    sat.add_record(200, [("loss", 87.3363)])
+    v = judge(sat, {})
+    assert v["verdict"] == "STOP" and codes(v) == {"saturated_loss"}
+    # a 5-digit printout that flickers in its last digit for 20 logged steps: frozen, not "flat"
+    flick = [3.0447, 3.0447, 3.0446, 3.0447, 3.0445] * 4
+    assert codes(judge(run_of([{"loss": x} for x in flick]), {})) == {"frozen"}
+    assert "frozen" not in codes(judge(run_of([{"loss": x} for x in flick[:19]]), {}))
+    # not frozen: a low converged loss printing the same digits, a 3-digit print, 3 units apart
+    low = [x - 3.0 for x in flick]
+    assert "frozen" not in codes(judge(run_of([{"loss": x} for x in low]), {}))
+    assert judge(run_of([{"loss": x} for x in [3.04, 3.05, 3.04, 3.04] * 6]), {})["verdict"] != "STOP"
+    wide = [3.0447, 3.0444] * 10
+    assert "frozen" not in codes(judge(run_of([{"loss": x} for x in wide]), {}))
+
+
 def test_chance_level_needs_five_logged_steps():
     wild = [0.68, 2.46, 5.34, 1.02, 10.7, 1.99, 3.57, 0.687]
     r = run_of([{"loss": v} for v in wild + [0.6931] * 4])

@@ -253,9 +253,19 @@ class SSHTransport:
                                  hint="the command may or may not have run; check before "
                                       "repeating it") from None
         try:
-            return self._pump(chan, stdin, timeout)
-        finally:
+            result = self._pump(chan, stdin, timeout)
+        except Exception:
             chan.close()
+            raise
+        except BaseException:
+            # Ctrl-C (KeyboardInterrupt) may strike inside paramiko and leave a channel buffer's
+            # lock held: close() here, or the connection's close later, would wait for it
+            # forever (seen: `queue submit --wait` hung after Ctrl-C). Marked closed, paramiko
+            # never touches its buffers again; the socket goes with the connection.
+            chan.closed = True
+            raise
+        chan.close()
+        return result
 
     def _pump(self, chan, stdin, timeout: float | None) -> RunResult:
         try:

@@ -96,3 +96,31 @@ def test_pull_bars_fit_80_columns_with_a_long_checkpoint_path(home: Path, tmp_pa
     # one line each, at most 80 wide, with the bar, the figures and the file's own name
     assert all(len(ln) <= 80 and name[-16:] in ln and "━" in ln for ln in bars), bars
     assert "verified" in err, err
+
+
+def test_ctrl_c_inside_paramiko_leaves_promptly(ssh_host: dict, monkeypatch) -> None:
+    """Ctrl-C can strike inside paramiko while a channel's buffer lock is held (a `queue submit
+    --wait` once hung there for good, in the channel's close). Here the interrupt comes from
+    exactly there, over the real sshd: the command must end with KeyboardInterrupt at once."""
+    import threading
+
+    from orchestrator.transport import ssh as ssh_mod
+
+    def interrupted_pump(chan, stdin, timeout, name):
+        chan.in_buffer._lock.acquire()       # what an interrupt between acquire and release leaves
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ssh_mod, "pump", interrupted_pump)
+    got: list[BaseException] = []
+
+    def call() -> None:                      # the command, then the connection's close
+        try:
+            with ssh_mod.SSHTransport(ssh_host) as t:
+                t.run("sleep 5")
+        except BaseException as exc:         # noqa: B036 (the point is which one)
+            got.append(exc)
+    th = threading.Thread(target=call, daemon=True)
+    th.start()
+    th.join(10)
+    assert not th.is_alive(), "hung after the interrupt (closing a channel whose buffer lock is held)"
+    assert got and isinstance(got[0], KeyboardInterrupt), got

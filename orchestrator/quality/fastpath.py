@@ -17,7 +17,7 @@ from orchestrator.quality.readers_text import _KNOWN, _METRICISH, NUM_SPLIT, Lin
 from orchestrator.quality.series import MAX_SERIES, STEP_KEYS, SYNONYMS, Run, Series
 
 # looser than the tokenizer on purpose (speed); float() rejects what it lets through
-_NUMG = r"([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity))"
+_NUMG = r"([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_]))"
 MIN_ROWS = 64
 SAMPLE = 200
 

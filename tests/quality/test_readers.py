@@ -198,3 +198,17 @@ def test_lightning_checkpoint_lines(tmp_path):
     s = Tracker([str(p)]).update().series["val_loss"]
     assert len(s) == 301 and list(s.steps[:2]) == [10.0, 20.0] and s.values[1] == 0.5
     assert s.steps[-1] == 3010.0 and math.isnan(s.values[-1])
+
+
+def test_nan_or_inf_glued_to_letters_is_no_number(tmp_path):
+    # logging's "root INFO:" is no infinite series "root"; "step_avg:nanms" is no NaN: the same
+    # answer from the tokenizer (the first lines) and the fast path (the shape learnt from them)
+    a, b = tmp_path / "ocr.log", tmp_path / "gpt.log"
+    a.write_text("".join("[2021/09/08 13:16:19] root INFO: epoch: [6/6], iter: %d, lr: 0.000001, loss: %.6f\n"
+                         % (10 * i, 1.0 / i) for i in range(1, 201)))
+    b.write_text("".join("step:%d/400 train_loss:%.4f train_time:%dms step_avg:%s\n" % (
+        i, 2.0 / i, 80 * i, "nanms" if i < 4 else "%.2fms" % (80.0 + i % 3)) for i in range(1, 201)))
+    run = Tracker([str(a)]).update()
+    assert "root" not in run.series and len(run.get("loss")) == 200
+    run = Tracker([str(b)]).update()
+    assert len(run.series["step_avg"]) == 197 and all(math.isfinite(v) for v in run.series["step_avg"].values)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -244,7 +245,11 @@ def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> 
         return
     width, styles, color = terminal()
     plain = (lambda text, style: text)
-    out = [(_sgr if styles else plain)(job_header(host, jobs, slots), "bold")]
+    # the header wraps at the terminal's width like the table fits it (a CPU host's slot note
+    # and many states make it long); continuation lines are indented under it
+    head = textwrap.wrap(job_header(host, jobs, slots), width=max(40, width), subsequent_indent="  ",
+                         break_on_hyphens=False)
+    out = [(_sgr if styles else plain)(line, "bold") for line in head]
     if not jobs:
         out.append((_sgr if styles else plain)("  no jobs; add some with `gpurun queue submit FILE`", "dim"))
         sys.stdout.write("\n".join(out) + "\n")

@@ -109,3 +109,22 @@ def test_terminal_decides_as_rich_does(env, monkeypatch):
     con = Console(highlight=False)
     styles = bool(con.is_terminal and con.color_system)
     assert terminal() == (con.width, styles, styles and not con.no_color)
+
+
+def test_header_wraps_at_a_narrow_terminal(monkeypatch):
+    """A CPU host's slot note plus several states made the header wider than 80 columns: it now
+    wraps like the table fits, every line within the width, nothing dropped."""
+    import re
+    from orchestrator.cli.render import job_header, print_job_table
+    jobs = [{"id": "j%d" % i, "seq": i + 1, "name": "n%d" % i, "state": st, "gpus": 0, "attempt": 1, "exit_code": None,
+             "quality": {"verdict": "STOP"} if st == "quality_stopped" else None}
+            for i, st in enumerate(("quality_stopped", "succeeded", "succeeded", "failed", "running", "queued"))]
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("COLUMNS", "60")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_job_table("local", jobs, 1)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", buf.getvalue()).splitlines()
+    assert all(len(ln) <= 60 for ln in lines), lines
+    head = job_header("local", jobs, 1)
+    assert len(head) > 60 and " ".join(ln.strip() for ln in lines[:2]) == head

@@ -182,6 +182,22 @@ def _print_frozen(s: Series) -> dict:
     return {"print_digits": d, "within_units": PRINT_UNITS, "logged_steps": distinct, "since_step": steps[n - k]}
 
 
+def _streak_at(s: Series, target: float, rel: float) -> Tuple[int, int]:
+    """(points, distinct steps) of the series' last run within ``rel`` of ``target``, walking
+    back from its end (at most 10,000 points: a long streak is as good as a longer one)."""
+    vals, steps = s.values, s.steps
+    n, k, distinct, prev = len(vals), 0, 0, None
+    while k < n and k < 10000:
+        v = vals[n - 1 - k]
+        if not (isfinite(v) and abs(v - target) <= rel * target):
+            break
+        if steps[n - 1 - k] != prev:
+            distinct += 1
+            prev = steps[n - 1 - k]
+        k += 1
+    return k, distinct
+
+
 def saturated(s: Series) -> List[Finding]:
     """The last ``SATURATED_STEPS`` logged steps at -ln(FLT_MIN) (or -ln(DBL_MIN)): a dead
     softmax (``SATURATED``)."""
@@ -192,15 +208,8 @@ def saturated(s: Series) -> List[Finding]:
     target = next((t for t in SATURATED if abs(last - t) <= SATURATED_REL * t), 0.0)
     if not target:
         return []
-    n, k, distinct, prev = len(vals), 0, 0, None
-    while k < n and k < 10000:
-        v = vals[n - 1 - k]
-        if not (isfinite(v) and abs(v - target) <= SATURATED_REL * target):
-            break
-        if steps[n - 1 - k] != prev:
-            distinct += 1
-            prev = steps[n - 1 - k]
-        k += 1
+    k, distinct = _streak_at(s, target, SATURATED_REL)
+    n = len(vals)
     if distinct < SATURATED_STEPS:
         return []
     return [finding("saturated_loss", "stop", steps[n - k],
@@ -219,15 +228,8 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
     if not K:
         return []
     target = math.log(K)
-    n, k, distinct, prev = len(vals), 0, 0, None
-    while k < n and k < 10000:
-        v = vals[n - 1 - k]
-        if not (isfinite(v) and abs(v - target) <= CHANCE_BAND * target):
-            break
-        if steps[n - 1 - k] != prev:
-            distinct += 1
-            prev = steps[n - 1 - k]
-        k += 1
+    k, distinct = _streak_at(s, target, CHANCE_BAND)
+    n = len(vals)
     if distinct < CHANCE_STEPS:
         return []
     # a fresh classifier sits at ln(K) while its LR warms up from 0: a rising LR over the streak

@@ -7,6 +7,7 @@ answering is reported ``lost``, so one bad reading never crashes a watchdog tick
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .base import GpuProcess, GpuSample, NoDriver, ReadyProbe, throttle_names
@@ -152,13 +153,21 @@ class NvmlProbe(ReadyProbe):
             pass
 
 
-def open_nvml(nvml: Any = None) -> Union[NvmlProbe, NoDriver]:
+DRIVER_PROC = "/proc/driver/nvidia"  # the kernel driver's tree (also visible in GPU containers)
+
+
+def open_nvml(nvml: Any = None, driver_proc: str = DRIVER_PROC) -> Union[NvmlProbe, NoDriver]:
     """Initialise NVML lazily; ``NoDriver`` (with a plain reason) when it cannot start."""
     if nvml is None:
         try:
             import pynvml as nvml  # nvidia-ml-py's module name
         except ImportError:
-            return NoDriver("the NVML Python library (nvidia-ml-py) is not installed")
+            # a CPU box has neither: saying the library is missing there sends the user to
+            # install a package that would find no driver either
+            if not os.path.isdir(driver_proc):
+                return NoDriver("no NVIDIA driver on this host (no %s)" % driver_proc)
+            return NoDriver("the NVML Python library (nvidia-ml-py) is not installed; "
+                            "`pip install nvidia-ml-py` for the Python gpurun's agent runs with")
     try:
         nvml.nvmlInit()
     except Exception as err:  # LibraryNotFound, DriverNotLoaded, NoPermission, ...

@@ -254,6 +254,19 @@ def test_nvml_missing_library_is_no_driver():
     assert isinstance(probe, NoDriver) and "NVIDIA" in probe.reason
 
 
+def test_no_python_library_says_which_is_missing_the_driver_or_the_library(tmp_path, monkeypatch):
+    """Without pynvml, a CPU box (no /proc/driver/nvidia) is told it has no driver, not sent to
+    install a library that would find none; a box with the driver is told to install it."""
+    import sys
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # ``import pynvml`` raises ImportError
+    cpu_box = nvml_mod.open_nvml(driver_proc=str(tmp_path / "absent"))
+    assert isinstance(cpu_box, NoDriver) and "no NVIDIA driver" in cpu_box.reason
+    assert "nvidia-ml-py" not in cpu_box.reason
+    (tmp_path / "nvidia").mkdir()
+    gpu_box = nvml_mod.open_nvml(driver_proc=str(tmp_path / "nvidia"))
+    assert isinstance(gpu_box, NoDriver) and "pip install nvidia-ml-py" in gpu_box.reason
+
+
 def test_sample_round_trips_through_json():
     s = GpuSample.from_dict(healthy_gpu(3, processes=[{"pid": 5, "used_mib": 10.0}], xid=[13]))
     again = GpuSample.from_dict(json.loads(json.dumps(s.to_dict())))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli.options import AsciiInt, complete_hosts
-from orchestrator.cli.render import console, emit_json
+from orchestrator.cli.render import console, emit_json, print_plain_rows, stdout_is_tty
 
 
 @click.group()
@@ -61,14 +61,21 @@ def ls(as_json: bool) -> None:
     if as_json:
         emit_json({"hosts": hosts})
         return
-    from rich.table import Table
     from orchestrator.core.hosts import describe
-    t = Table(title="hosts", title_justify="left", caption="slots: jobs at a time on a host without GPUs", caption_justify="left")
-    for col in ("name", "profile", "target", "state dir", "slots"):
-        t.add_column(col, no_wrap=col in ("name", "slots"))
+    cols = ["name", "profile", "target", "state dir", "slots"]
+    rows = []
     for h in hosts:
         d = describe(h["name"])
-        t.add_row(d["name"], d["profile"] or "", d["target"], str(d["state_dir"] or ""), str(d["slots"]))
+        rows.append([d["name"], d["profile"] or "", d["target"], str(d["state_dir"] or ""), str(d["slots"])])
+    if not stdout_is_tty():
+        print_plain_rows(cols, rows)
+        return
+    from rich.table import Table
+    t = Table(title="hosts", title_justify="left", caption="slots: jobs at a time on a host without GPUs", caption_justify="left")
+    for col in cols:
+        t.add_column(col, no_wrap=col in ("name", "slots"))
+    for r in rows:
+        t.add_row(*r)
     console().print(t)
 
 

@@ -41,9 +41,16 @@ def _table(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from orchestrator.cli.render import print_plain_rows, stdout_is_tty
+
+    cols = ["profile", "kind", "meter stop", "bills when stopped", "danger clocks", "detach"]
+    if not stdout_is_tty():
+        print_plain_rows(cols, [[r["name"], r["kind"], r["meter_stop"] + (" (irreversible)" if r["meter_stop_irreversible"] else ""),
+                                 "\n".join(r["bills_when_stopped"]), "\n".join(r["danger_clocks"]), r["detach"]]
+                                for r in rows])
+        return
     t = Table(show_lines=False, pad_edge=False)
-    for col in ("profile", "kind", "meter stop", "bills when stopped", "danger clocks",
-                "detach"):
+    for col in cols:
         t.add_column(col, overflow="fold")
     for r in rows:
         verb = r["meter_stop"] + (" [red](irreversible)[/red]"
@@ -51,10 +58,7 @@ def _table(rows: list[dict]) -> None:
         t.add_row(r["name"], r["kind"], verb,
                   "\n".join(r["bills_when_stopped"]) or "-",
                   "\n".join(r["danger_clocks"]) or "-", r["detach"])
-    import sys
-
-    # Piped output gets a wide table instead of an 80-column squeeze.
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    Console().print(t)
 
 
 @profiles.command("show")

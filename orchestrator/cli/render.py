@@ -55,6 +55,18 @@ def console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
 
 
+def print_plain_rows(columns: list[str], rows: list[list[str]]) -> None:
+    """A listing as plain lines for a pipe: a header, one line per row, columns padded with
+    two spaces, an empty cell as ``-``, a cell's lines joined with ``; ``, no trailing spaces
+    (a drawn table piped is box characters at a guessed width: neither ``grep`` nor ``awk``
+    likes it). Commands print their fitted ``rich`` table only on a terminal."""
+    cells = [[" ".join(str(c or "").replace("\n", "; ").split()) or "-" for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(columns)]
+    for line in [columns] + cells:
+        sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() + "\n")
+    sys.stdout.flush()
+
+
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 

@@ -110,9 +110,14 @@ def test_status_piped_is_one_plain_line_per_job(finished):
 def test_host_ls_and_show_give_slots(home):
     from orchestrator import hosts
     hosts.update_host("local", slots=3)
-    res = gpurun("host", "ls", env=_env(COLUMNS="120"))
+    res = gpurun("host", "ls", env=_env(COLUMNS="120", TTY_COMPATIBLE="1"))  # a terminal: the drawn table
     assert res.returncode == 0 and re.search(r"local .*│ 3 ", res.stdout), res.stdout
     assert "slots: jobs at a time on a host without GPUs" in res.stdout
+    piped = gpurun("host", "ls", env=_env(COLUMNS="120"))  # piped: plain columns, no box characters
+    lines = piped.stdout.splitlines()
+    assert lines[0].split() == ["name", "profile", "target", "state", "dir", "slots"], piped.stdout
+    assert re.search(r"^local\s+local\s+this machine\s+\S+\s+3$", piped.stdout, re.M), piped.stdout
+    assert not any(ch in piped.stdout for ch in "│┃━") and all(ln == ln.rstrip() for ln in lines)
     show = gpurun("host", "show", "local")
     assert show.returncode == 0 and re.search(r"^slots\s+3 ", show.stdout, re.M), show.stdout
 

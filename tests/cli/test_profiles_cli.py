@@ -47,6 +47,10 @@ def test_ls_table_names_every_profile(home: Path) -> None:
     for name in ("autodl", "runpod", "vastai", "lambda", "local", "generic-ssh"):
         assert name in r.stdout
     assert "irreversible" in r.stdout
+    # piped: one plain line per profile, the header first, no drawn box
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:2] == ["profile", "kind"] and not any(ch in r.stdout for ch in "│┃━")
+    assert any(ln.startswith("lambda ") and "(irreversible)" in ln for ln in lines), r.stdout
 
 
 def test_show_speaks_plain_words(home: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
-from orchestrator.quality.readers_text import _KNOWN, _METRICISH, _NUM
+from orchestrator.quality.readers_text import _KNOWN, _METRICISH, _NUM, NUM_SPLIT, _key_of
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import BAR_EPOCH, epoch_step
 
@@ -28,6 +28,30 @@ def bar_pairs(line: str) -> List[Tuple[str, float]]:
         name = SYNONYMS.get(raw, raw)
         known = known or name in _KNOWN or any(m in name for m in _METRICISH)
         vals.append((name, float(tok)))
+    return vals if known else []
+
+
+_PERCENT = re.compile(r"\d+%\|")
+_DIGIT = re.compile(r"\d")
+
+
+def desc_pairs(line: str) -> List[Tuple[str, float]]:
+    """The metrics a tqdm bar's DESCRIPTION shows before its percentage, as a log line writes them
+    ("Epoch [000/210] | Loss 0.0029 | LR 0.00000000 | Step: 100%|": ``bar.set_description``), none
+    unless one names a loss or another known metric. Steps and epochs are the bar's to tell."""
+    m = _PERCENT.search(line)
+    if m is None or not _DIGIT.search(line, 0, m.start()):
+        return []
+    parts = NUM_SPLIT(line[:m.start()])
+    vals: List[Tuple[str, float]] = []
+    known = False
+    for i in range(1, len(parts), 2):
+        raw = _key_of(parts[i - 1])
+        if not raw or raw in STEP_KEYS or raw == "epoch":
+            continue
+        name = SYNONYMS.get(raw, raw)
+        known = known or name in _KNOWN or any(w in name for w in _METRICISH)
+        vals.append((name, float(parts[i])))
     return vals if known else []
 
 

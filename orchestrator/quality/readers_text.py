@@ -35,12 +35,23 @@ _CONFIG_PAIR = re.compile(r"\w=\s*(?:True\b|False\b|None\b|'|\"|\[|\()")
 _GLOG = re.compile(r"[IWEF]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] ")
 
 
+# the words of a sentence between two of its values ("has acc 0.249 and loss 1.386")
+_CONNECTIVES = frozenset({"and", "with", "has", "had", "have", "of", "the", "is", "was", "then", "plus", "its",
+                          "while", "but"})
+# a parenthesised word after a metric's name that says which split it is ("Average Loss (valid)")
+_QUALIFIERS = frozenset({"train", "training", "trn", "val", "valid", "validation", "eval", "evaluation", "test",
+                         "dev"})
+# a Python warning ("data_connector.py:224: PossibleUserWarning: The dataloader, val_dataloader 0,
+# does not have many workers"): prose about the run, its numbers are no metric
+PY_WARNING = re.compile(r"\.py:\d+: [A-Z]\w*Warning: ")
+
+
 def context_shape(segs: Sequence[str]) -> bool:
     """True for a line shape (its text between numbers) that only ``LineParser.parse`` reads
     right, line by line in order: steps from earlier lines or from three numbers
     (``steps.context_line``), or a glog head whose numbers are not metrics."""
     joined = "0".join(segs)
-    return context_line(joined) or bool(_GLOG.match(joined))
+    return context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
 
 
 def config_dump(line: str) -> bool:
@@ -64,8 +75,17 @@ def _key_of(seg: str) -> str:
         k = " ".join(k.split())  # "valid  loss" is "valid loss": padding says nothing
     if k in SYNONYMS or k in STEP_KEYS or k == "epoch":
         return k
+    if k.endswith(")") and " (" in k:
+        head, _, qual = k[:-1].rpartition(" (")
+        if qual in _QUALIFIERS:  # "average loss (valid)": the qualifier says which loss
+            k = qual + " " + head
     if " " in k:
         words = k.split(" ")
+        while len(words) > 1 and words[0] in _CONNECTIVES:
+            del words[0]  # "... 0.249 and loss 1.386": the connective names nothing
+        if len(words) == 1:
+            k = words[0]
+            return k if _IDENT.match(k) else _NOKEY
         k = words[-1].strip(_STRIP)
         if (k in SYNONYMS or k == "losses") and 1 < len(words) <= 4 and all(w.isalpha() for w in words[:-1]):
             # "mean center loss", "eval loss": the words before say which loss (``series.role_of``
@@ -140,6 +160,8 @@ class LineParser:
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:
                 return ab[0], ab[1], None
+        if "Warning: " in line and PY_WARNING.search(line):
+            return None
         parts = NUM_SPLIT(line)
         if len(parts) < 3:
             if len(parts) == 1 and line[:1] in " Eeis":
@@ -339,12 +361,15 @@ class LineSource:
         """A bar's postfix metrics, once per change (a bar redrawn with the same postfix is a
         refresh, not a new log: counted again it would read as a frozen loss)."""
         if self.parser.strict:
-            from orchestrator.quality.bars import bar_pairs, bar_step
-            vals = bar_pairs(line)
+            from orchestrator.quality.bars import bar_pairs, bar_step, desc_pairs
+            desc = desc_pairs(line)
+            vals = desc + bar_pairs(line) if "=" in line else desc
             key = tuple(vals)
             if vals and key != self.bar_post:
                 self.bar_post = key
                 run.add_record(bar_step(run, bar), vals)
+                if desc:  # the bar is where this log prints its steps: a summary line after it is
+                    self.explicit = self.explicit or BAR  # at the bar's step, not a restart at its epoch
 
     def _slow(self, text: str, run: Run) -> None:
         from orchestrator.quality.bars import bar_count  # bars imports this module
@@ -375,8 +400,7 @@ class LineSource:
                 m = TQDM_STEP.search(line)
                 if m:
                     self.bar_step = bar_count(line, m, run, parser)
-                if "=" in line:
-                    self._bar_record(line, run, self.bar_step if m else None)
+                self._bar_record(line, run, self.bar_step if m else None)
                 continue
             rec = parse(line)
             if rec is None:

@@ -134,8 +134,10 @@ TQDM_STEP = re.compile(r"\|\s*(\d+)/(\d+) \[")
 EPOCH_ITER = re.compile(r"\[\s*(\d+)\]\s*\[\s*(\d+)/(\d+)\]")
 # a tqdm bar whose description names the epoch ("Epoch 8: 100%|...| 266/266 [", Lightning's
 # "Epoch 0:  50%|"): its count restarts every epoch, the global step is (epoch, count)
-BAR_EPOCH = re.compile(r"\s*[Ee]poch\s+(\d+)(?:/(\d+))?\s*:\s+\d+%\|")
-_BAR_EPOCH_IN = tuple(re.compile(w + r"\s+\d+(?:/\d+)?\s*:\s+\d+%\|") for w in ("Epoch", "epoch"))
+# ("Epoch [000/210] | Loss 0.0029 | LR 0 | Step: 100%|": bracketed, metrics between it and the bar)
+BAR_EPOCH = re.compile(r"\W*[Ee]poch\s*(?:\s|\[\s*)(\d+)(?:\s*/\s*(\d+))?\s*\]?(?:\s*\|[^%\n|]*(?:\|[^%\n|]*)*?)?:\s+\d+%\|")
+_BAR_EPOCH_IN = tuple(re.compile(w + r"\s*(?:\s|\[\s*)\d+(?:\s*/\s*\d+)?\s*\]?(?:\s*\|[^%\n|]*(?:\|[^%\n|]*)*?)?:\s+\d+%\|")
+                      for w in ("Epoch", "epoch"))
 
 
 def has_epoch_bar(text: str) -> bool:

@@ -26,8 +26,8 @@ DEV = Path(__file__).resolve().parent / "corpus" / "dev"
 SAMPLES = 100
 # the two files that end on one NaN train loss with no second witness (a Keras epoch line, a
 # custom log) stop on the final check. The one miss: a ViTPose paste (6 lines) whose LR is 0 from
-# its first epoch of 210: its metrics sit in a tqdm bar's description and in "Average Loss (train)"
-# lines, neither read yet, and 2 epochs are too few for the LR-0 rule
+# its first epoch of 210: its loss and LR (in a tqdm bar's description) and "Average Loss (train)"
+# are read, but 2 epochs are too few for the LR-0 rule
 MISSES = 1
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.fastpath import _NUMG
-from orchestrator.quality.bars import bar_pairs
+from orchestrator.quality.bars import bar_pairs, desc_pairs
 from orchestrator.quality.readers_text import (_GLOG, _KNOWN, _METRICISH, BAR, LINE, NUM_SPLIT, TQDM_STEP, LineParser,
                                                _key_of, context_shape)
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
@@ -28,7 +28,10 @@ _LINE = r"[^%s]" % re.escape(_BRK)
 _NUMX = "(?:%s)" % _NUMG[1:-1]  # the same number, not captured
 # a bar line as the per-line loop sees it: "%|" and no "{" in the line, TQDM_STEP's first match;
 # one with a "name=value" postfix is left to the "other line" branch, which reads its metrics
-_BAR = (r"(?![^%s]*=)(?=[^{%s]*%%\|)[^{%s]*?\|(?:(?![%s])\s)*(\d+)/(\d+) \[[^{%s]*" % ((re.escape(_BRK),) * 5)) + _EOL
+# (nor one with a number in its description before the percentage: "Loss 0.31 | LR 0.1 | Step:
+# 50%|" may carry metrics, ``bars.desc_pairs`` reads them there too)
+_BAR = (r"(?![^%s]*=)(?=[^{%s]*%%\|)(?![^%%%s]*\d[^%%%s]*?[^\d%s]\d{1,3}%%\|)[^{%s]*?\|(?:(?![%s])\s)*(\d+)/(\d+) \[[^{%s]*"
+        % ((re.escape(_BRK),) * 8)) + _EOL
 SAMPLE = 400
 MIN_SAMPLE = 100
 # a shape is its text between numbers with runs of spaces as one: printf padding ("%5d",
@@ -200,7 +203,10 @@ class OrderedScan:
                         bar = float(m.group(1))
                         if not planned:
                             planned = float(m.group(2))
-                    pairs = bar_pairs(line) if parser.strict and "=" in line else None
+                    desc = desc_pairs(line) if parser.strict else []
+                    pairs = desc + bar_pairs(line) if parser.strict and "=" in line else desc
+                    if desc and tuple(pairs) != src.bar_post:
+                        explicit = explicit or BAR  # as ``LineSource._bar_record``
                     if pairs and tuple(pairs) != src.bar_post:
                         src.bar_post = tuple(pairs)
                         b = float(m.group(1)) if m else None

@@ -53,3 +53,12 @@ def test_python_warning_numbers_are_no_series(tmp_path):
     text = "".join("step %d loss %.4f\n%s\n" % (s, 3 - s / 1000, warn) for s in range(300))
     run = _run(tmp_path, text)
     assert set(run.series) == {"loss"} and len(run.series["loss"]) == 300
+
+
+def test_bar_description_in_a_long_log(tmp_path):
+    # past the fast path's threshold the ordered scan reads the bars: it must read them alike
+    text = "".join("Train | Loss %.4f | LR 0.1 | Step: %3d%%|###| %d/400 [00:01<00:00,  8.38it/s]\n"
+                   % (3 - i / 1000, i * 100 // 400, i) for i in range(1, 400))
+    run = _run(tmp_path, text)
+    assert len(run.series["loss"]) == 399 and run.series["loss"].steps[-1] == 399.0
+    assert run.series["loss"].values[-1] == 3 - 399 / 1000 and set(run.series["lr"].values) == {0.1}

@@ -13,7 +13,8 @@ import re
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
-from orchestrator.quality.readers_text import _KNOWN, _METRICISH, NUM_SPLIT, LineParser, _key_of, context_shape
+from orchestrator.quality.readers_text import (_KNOWN, _METRICISH, NUM_SPLIT, LineParser, _key_of, context_shape, on_split,
+                                               split_head)
 from orchestrator.quality.series import MAX_SERIES, STEP_KEYS, SYNONYMS, Run, Series
 
 # looser than the tokenizer on purpose (speed); float() rejects what it lets through
@@ -33,9 +34,12 @@ class Shape:
         self.planned_col = -1
         rank = 0
         known = not parser.strict
+        split = split_head(segs[0])
         for i, seg in enumerate(segs[:-1]):
             raw = _key_of(seg)
             name = SYNONYMS.get(raw, raw) if raw else None
+            if split and raw:
+                name = on_split(raw, name)  # type: ignore[arg-type]
             if raw in STEP_KEYS and (self.step_col < 0 or (STEP_KEYS[raw] > rank and rank < 3)):
                 if self.step_col >= 0:
                     self.roles[self.step_col] = None

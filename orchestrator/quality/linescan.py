@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 from orchestrator.quality.fastpath import _NUMG
 from orchestrator.quality.bars import bar_pairs, desc_pairs
 from orchestrator.quality.readers_text import (_GLOG, _KNOWN, _METRICISH, BAR, LINE, NUM_SPLIT, TQDM_STEP, LineParser,
-                                               _key_of, context_shape)
+                                               _key_of, context_shape, on_split, split_head)
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
 
@@ -59,6 +59,7 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
     epochs: List[int] = []
     known = not parser.strict
     vals: List[Tuple[int, str]] = []
+    split = split_head(segs[0])
     for i, seg in enumerate(segs[:-1]):
         raw = _key_of(seg)
         if not raw:
@@ -68,6 +69,8 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
             continue
         prev_key = False
         name = SYNONYMS.get(raw, raw)
+        if split:
+            name = on_split(raw, name)
         if raw in STEP_KEYS:
             r = STEP_KEYS[raw]
             if step_col < 0 or (r > rank and rank < 3):

@@ -46,6 +46,28 @@ _QUALIFIERS = frozenset({"train", "training", "trn", "val", "valid", "validation
 PY_WARNING = re.compile(r"\.py:\d+: [A-Z]\w*Warning: ")
 
 
+# a line that opens with a split's name ("Val epoch 3 has acc 0.249 and loss 1.386", "Test: [10/157]
+# loss 0.33"): its values that name no split are that split's ("loss" is the val loss there)
+_SPLIT_HEADS = frozenset({"val", "valid", "validation", "validating", "eval", "evaluation", "evaluating", "test",
+                          "testing", "dev"})
+_SPLIT_WORDS = _SPLIT_HEADS | {"train", "training", "trn", "tr", "heldout", "holdout"}
+_NO_SPLIT = frozenset({"lr", "grad_norm", "loss_scale", "throughput", "iters_per_s", "step_time", "train_time"})
+_WORDS = re.compile(r"[a-z]+")
+
+
+def split_head(head: str) -> bool:
+    """True when the text before a line's first number opens with a split's name."""
+    w = head.lstrip(" \t[(<>#|-*=").split(None, 1)
+    return bool(w) and w[0].strip(":[](){}|-,.").lower() in _SPLIT_HEADS
+
+
+def on_split(raw: str, name: str) -> str:
+    """The name of value ``raw`` (canonical ``name``) on a line that opens with a split's name."""
+    if name in _NO_SPLIT or not _SPLIT_WORDS.isdisjoint(_WORDS.findall(raw)):
+        return name  # the LR is the run's; "train_loss" or "val_acc" already says which split
+    return "val_loss" if name == "loss" else "val_" + name
+
+
 def context_shape(segs: Sequence[str]) -> bool:
     """True for a line shape (its text between numbers) that only ``LineParser.parse`` reads
     right, line by line in order: steps from earlier lines or from three numbers
@@ -177,6 +199,7 @@ class LineParser:
         prev_key = ""
         known = not self.strict
         vals: List[Tuple[str, float]] = []
+        split = split_head(parts[0])
         for i in range(1, len(parts), 2):
             seg = parts[i - 1]
             ent = cache.get(seg)
@@ -184,6 +207,8 @@ class LineParser:
                 raw = _key_of(seg)
                 ent = cache[seg] = (raw, SYNONYMS.get(raw, raw))
             raw, name = ent
+            if split and raw:
+                name = on_split(raw, name)
             if not raw:
                 if prev_key and seg.strip() == "/" and planned is None:
                     planned = float(parts[i])

@@ -36,14 +36,17 @@ def test_bar_description_and_parenthesised_qualifier(tmp_path):
 
 
 def test_connective_between_values_is_no_part_of_the_key(tmp_path):
+    # a line that opens with a split's name: its values are that split's
     assert LineParser().parse("Val epoch 3 has acc 0.249 and loss 1.386") == (
-        3.0, [("acc", 0.249), ("loss", 1.386)], None)
-    # and through the columnar paths: enough lines of one shape for the fast path to take them
+        3.0, [("val_acc", 0.249), ("val_loss", 1.386)], None)
+    # and through the columnar paths: enough lines of each shape for the fast path to take them
     text = "".join("Train epoch %d has acc 0.%03d and loss %.3f with grad norm %.2f\n"
-                   % (e, e, 2 - e / 1000, 1 + e / 100) for e in range(1, 400))
+                   "Val epoch %d has acc 0.%03d and loss %.3f\n"
+                   % (e, e, 2 - e / 1000, 1 + e / 100, e, e, 3 - e / 1000) for e in range(1, 400))
     run = _run(tmp_path, text)
-    assert set(run.series) == {"acc", "loss", "grad_norm"}
+    assert set(run.series) == {"acc", "loss", "grad_norm", "val_acc", "val_loss"}
     assert len(run.series["loss"]) == 399 and run.series["loss"].values[-1] == 2 - 399 / 1000
+    assert len(run.series["val_loss"]) == 399 and run.series["val_loss"].values[-1] == 3 - 399 / 1000
 
 
 def test_python_warning_numbers_are_no_series(tmp_path):

@@ -51,12 +51,15 @@ PY_WARNING = re.compile(r"\.py:\d+: [A-Z]\w*Warning: ")
 _SPLIT_HEADS = frozenset({"val", "valid", "validation", "validating", "eval", "evaluation", "evaluating", "test",
                           "testing", "dev"})
 _SPLIT_WORDS = _SPLIT_HEADS | {"train", "training", "trn", "tr", "heldout", "holdout"}
+_HEAD_FIRST = frozenset("vVeEtTdD \t[(<>#|-*=")
 _NO_SPLIT = frozenset({"lr", "grad_norm", "loss_scale", "throughput", "iters_per_s", "step_time", "train_time"})
 _WORDS = re.compile(r"[a-z]+")
 
 
 def split_head(head: str) -> bool:
     """True when the text before a line's first number opens with a split's name."""
+    if head[:1] not in _HEAD_FIRST:
+        return False  # most lines open with a date, a digit or a brace: no split's name
     w = head.lstrip(" \t[(<>#|-*=").split(None, 1)
     return bool(w) and w[0].strip(":[](){}|-,.").lower() in _SPLIT_HEADS
 

@@ -243,29 +243,61 @@ class SSHTransport:
               timeout: float | None) -> RunResult:
         paramiko = _paramiko()
 
-        chan = self._channel()
         try:
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            self._drop()
-            raise TransportError(f"{self.name}: link lost while starting a command: "
-                                 f"{_reason(exc)}",
-                                 hint="the command may or may not have run; check before "
-                                      "repeating it") from None
-        try:
-            result = self._pump(chan, stdin, timeout)
-        except Exception:
+            chan = self._channel()
+            try:
+                chan.exec_command(command)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self._drop()
+                raise TransportError(f"{self.name}: link lost while starting a command: "
+                                     f"{_reason(exc)}",
+                                     hint="the command may or may not have run; check before "
+                                          "repeating it") from None
+            try:
+                result = self._pump(chan, stdin, timeout)
+            except Exception:
+                chan.close()
+                raise
             chan.close()
+            return result
+        except Exception:
             raise
-        except BaseException:
-            # Ctrl-C (KeyboardInterrupt) may strike inside paramiko and leave a channel buffer's
-            # lock held: close() here, or the connection's close later, would wait for it
-            # forever (seen: `queue submit --wait` hung after Ctrl-C). Marked closed, paramiko
-            # never touches its buffers again; the socket goes with the connection.
-            chan.closed = True
+        except BaseException:  # Ctrl-C somewhere in paramiko (opening, exec, pump or close)
+            self._abandon()
             raise
-        chan.close()
-        return result
+
+    def _abandon(self) -> None:
+        """Let go of the connection after Ctrl-C struck inside paramiko, taking none of its locks.
+
+        The interrupt can land between a lock's acquire and its ``try`` (a channel's own lock,
+        its buffers', its events'), leaving it held for good by this thread. Any later close
+        then waits on it forever: ours at the session's end, or ``Channel.__del__`` when the
+        channel is freed, even at interpreter exit after ``gpurun: interrupted`` was printed
+        (seen: `queue submit --wait` hung after Ctrl-C, about 1 run in 200). So every channel
+        of the connection is marked closed with a no-op close, and the connection's thread is
+        stopped by shutting its socket: the box sees the link drop, as if the laptop had gone."""
+        clients, self._clients, self._sftp = self._clients, [], None
+        for client in clients:
+            transport = client.get_transport()
+            client._transport = None      # a later client.close() must not reach paramiko either
+            if transport is None:
+                continue
+            for chan in list(transport._channels._map.values()):  # a weak map: no lock taken
+                chan.closed = True
+                chan.close = _no_close
+            transport.active = False
+            sock = transport.sock
+            if isinstance(sock, socket.socket):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)   # wakes its reader: the thread ends
+                except OSError:
+                    pass
+            elif hasattr(sock, "process"):            # ProxyCommand: SIGTERM, no lock
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+            # a jump hop's socket is a channel of the hop before it: gone with that one
 
     def _pump(self, chan, stdin, timeout: float | None) -> RunResult:
         try:
@@ -381,6 +413,10 @@ def first_contact(host_entry: dict, *, known_hosts: str | os.PathLike | None = N
         return key.get_name(), hostkeys.fingerprint(key)
     finally:
         t.close()
+
+
+def _no_close() -> None:
+    """``close`` of a channel abandoned after Ctrl-C (``SSHTransport._abandon``)."""
 
 
 def _tcp_keepalive(sock: socket.socket) -> None:

@@ -15,16 +15,21 @@ hint pointing at the command's ``--help``, never click's four-line usage block. 
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
 import sys
-from typing import Any
 
-import click
+try:
+    import importlib
+    import json
+    import os
+    from typing import Any
 
-from orchestrator import __version__
-from orchestrator.errors import CLI_CODES, GpurunError
+    import click
+
+    from orchestrator import __version__
+    from orchestrator.errors import CLI_CODES, GpurunError
+except KeyboardInterrupt:  # Ctrl-C while gpurun loads (most of its first 0.1 s): nothing began
+    sys.stderr.write("gpurun: interrupted\n")
+    raise SystemExit(130) from None
 
 # name -> (module:attr, one-line help). Help text is here so --help imports nothing else.
 LAZY: dict[str, tuple[str, str]] = {

@@ -270,12 +270,11 @@ class SSHTransport:
         """Let go of the connection after Ctrl-C struck inside paramiko, taking none of its locks.
 
         The interrupt can land between a lock's acquire and its ``try`` (a channel's own lock,
-        its buffers', its events'), leaving it held for good by this thread. Any later close
-        then waits on it forever: ours at the session's end, or ``Channel.__del__`` when the
-        channel is freed, even at interpreter exit after ``gpurun: interrupted`` was printed
-        (seen: `queue submit --wait` hung after Ctrl-C, about 1 run in 200). So every channel
-        of the connection is marked closed with a no-op close, and the connection's thread is
-        stopped by shutting its socket: the box sees the link drop, as if the laptop had gone."""
+        its buffers', its events'), leaving it held for good by this thread; any later close
+        waits on it forever: ours at the session's end, or ``Channel.__del__`` when the channel
+        is freed, even at exit after ``gpurun: interrupted`` (a `queue submit --wait` hung after
+        Ctrl-C). So every channel is marked closed with a no-op close, and the connection's
+        thread is ended by shutting its socket: the box sees the link drop."""
         clients, self._clients, self._sftp = self._clients, [], None
         for client in clients:
             transport = client.get_transport()
@@ -287,16 +286,13 @@ class SSHTransport:
                 chan.close = _no_close
             transport.active = False
             sock = transport.sock
-            if isinstance(sock, socket.socket):
-                try:
+            try:
+                if isinstance(sock, socket.socket):
                     sock.shutdown(socket.SHUT_RDWR)   # wakes its reader: the thread ends
-                except OSError:
-                    pass
-            elif hasattr(sock, "process"):            # ProxyCommand: SIGTERM, no lock
-                try:
+                elif hasattr(sock, "process"):        # ProxyCommand: SIGTERM, no lock
                     sock.close()
-                except OSError:
-                    pass
+            except OSError:
+                pass
             # a jump hop's socket is a channel of the hop before it: gone with that one
 
     def _pump(self, chan, stdin, timeout: float | None) -> RunResult:

@@ -313,14 +313,22 @@ class SSHTransport:
             return self._open_sftp(paramiko)
 
     def _open_sftp(self, paramiko):
-        if self._sftp is None or not self._alive():
+        # Opened twice at most: a subsystem channel the box closed at once (EOFError; seen once
+        # in ~5 CI runs with 8 verbs opening channels together) is asked again before the
+        # gateway is blamed. Nothing was sent on it, so asking again is safe.
+        for attempt in (0, 1):
+            if self._sftp is not None and self._alive():
+                break
             client = self.connect()
             try:
                 self._sftp = client.open_sftp()
             except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise TransportError(f"{self.name}: SFTP unavailable: {_reason(exc)}",
-                                     hint="some gateways (e.g. RunPod basic SSH) have no SFTP; "
-                                          "use the box's direct SSH port") from None
+                self._sftp = None
+                if attempt:
+                    raise TransportError(f"{self.name}: SFTP unavailable: {_reason(exc)}",
+                                         hint="some gateways (e.g. RunPod basic SSH) have no SFTP; "
+                                              "use the box's direct SSH port") from None
+                time.sleep(0.2)
         return self._sftp
 
     def _mkdirs(self, sftp, path: str) -> None:
@@ -349,6 +357,10 @@ class SSHTransport:
                 sftp.put(local_path, tmp)
                 sftp.chmod(tmp, os.stat(local_path).st_mode & 0o777)
                 sftp.posix_rename(tmp, target)
+            except EOFError:
+                self._sftp = None  # the session closed under the upload: the next call opens one
+                raise TransportError(f"{self.name}: the SFTP session closed while writing {remote_path}",
+                                     hint="nothing was renamed into place; run the command again") from None
             except OSError as exc:
                 try:
                     sftp.remove(tmp)

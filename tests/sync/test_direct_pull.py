@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from pullrig import chown_to, wait_until
-from test_pull_kill import alive, holders
+from test_pull_kill import holders, kill_9
 from test_stream import box_file, fetcher_for, job_of
 
 from orchestrator.sync import direct
@@ -72,9 +71,7 @@ def test_kill_9_mid_direct_stream_then_resume(ssh_host: dict, tmp_path: Path):
         kids = {p.pid: p.name() for p in psutil.Process(child.pid).children(recursive=True)}
         assert "ssh" in kids.values(), kids
         assert set(holders(partial.parent)) & set(kids), "ssh is not the one writing the partial"
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        wait_until(lambda: not alive(kids), 5, "the killed pull's ssh to die")
+        kill_9(child, kids, "the killed pull's ssh to die")
         assert not holders(partial.parent)  # nothing left that could write behind the next pull
     finally:
         stop.set()

@@ -25,6 +25,14 @@ from rigs.agents import kill_agents_under
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
+def kill_9(proc: subprocess.Popen, kids: dict[int, str], what: str) -> None:
+    """kill -9 ``proc`` (a pull), reap it, and wait for ``kids`` (its transfer processes, taken
+    before the kill) to die with it: nothing may be left to write behind the next pull."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: not alive(kids), 5, what)
+
+
 def alive(pids: dict[int, str]) -> dict[int, str]:
     """Those of ``pids`` still running the same program (not reaped zombies, not reused)."""
     out = {}
@@ -82,10 +90,8 @@ def test_kill_9_mid_transfer_leaves_no_writer_and_the_waiting_pull_finishes(ssh_
         wait_until(lambda: any("another pull" in x for x in err_lines), 30, "the lock note")
         assert any(f"(pid {first.pid})" in x for x in err_lines), err_lines
 
-        first.send_signal(signal.SIGKILL)
-        first.wait()
         # the whole transfer group dies with it, promptly
-        wait_until(lambda: not alive(kids), 5, "the killed pull's rsync and ssh to die")
+        kill_9(first, kids, "the killed pull's rsync and ssh to die")
         out, _ = second.communicate(timeout=120)
         assert second.returncode == 0, err_lines
         summary = json.loads(out)
@@ -123,9 +129,7 @@ def test_forked_workers_die_with_a_killed_controller(tmp_path: Path):
                    == 2, 10, "the tree")
         kids = {p.pid: p.name() for p in psutil.Process(ctl.pid).children(recursive=True)}
         assert forked in kids and list(kids.values()).count("sleep") == 2, kids
-        ctl.send_signal(signal.SIGKILL)
-        ctl.wait()
-        wait_until(lambda: not alive(kids), 5, "the forked workers to die")
+        kill_9(ctl, kids, "the forked workers to die")
     finally:
         if ctl.poll() is None:
             ctl.kill()
@@ -171,9 +175,7 @@ def test_kill_9_mid_stream_of_a_large_file_then_the_next_pull_resumes(ssh_host: 
         wait_until(lambda: staged.exists() and staged.stat().st_size > 5_000_000, 60, "bytes arriving")
         kids = {p.pid: p.name() for p in psutil.Process(first.pid).children(recursive=True)}
         assert "ssh" in kids.values() and "rsync" not in kids.values(), kids
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        wait_until(lambda: not alive(kids), 5, "the killed pull's ssh to die")
+        kill_9(first, kids, "the killed pull's ssh to die")
         assert not holders(dest)
         cut = staged.stat().st_size
         assert 0 < cut < 70_000_000 and not (jobdir / "checkpoints" / "model.bin").exists()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from pullrig import wait_until
-from test_pull_kill import alive
+from test_pull_kill import kill_9
 from test_stream import box_file, fetcher_for, job_of
 
 from orchestrator.sync import ranges, stream
@@ -69,9 +68,7 @@ def test_kill_9_mid_ranged_pull_then_resume_sends_only_the_missing_ranges(noisy_
         wait_until(under_way, 60, "both ranges under way")
         kids = {p.pid: p.name() for p in psutil.Process(child.pid).children(recursive=True)}
         assert list(kids.values()).count("ssh") == 2, kids
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        wait_until(lambda: not alive(kids), 5, "the killed pull's ssh processes to die")
+        kill_9(child, kids, "the killed pull's ssh processes to die")
     finally:
         if child.poll() is None:
             child.kill()

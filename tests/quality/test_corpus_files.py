@@ -1,4 +1,4 @@
-"""Integrity of the labelled real-log corpus (tests/quality/corpus/{dev,holdout,holdout2,holdout3}).
+"""Integrity of the labelled real-log corpus (tests/quality/corpus/{dev,holdout,holdout2,holdout3,holdout4}).
 
 These tests check the corpus itself, not the checker: every label has its file and every
 file its label, the shared label schema is filled in, every file cites where it came from,
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-SPLITS = ("dev", "holdout", "holdout2", "holdout3")  # holdout2, holdout3: more holdouts, never scored here
+SPLITS = ("dev", "holdout", "holdout2", "holdout3", "holdout4")  # holdout2-4: more holdouts, never scored here
 FIELDS = ("file", "source", "source_path", "commit", "format", "series", "label", "expected_final", "onset", "why")
 EXPECTED = {"STOP", "NOT_STOP", "AMBIGUOUS"}
 NOT_DATA = {"labels.json", "README.md"}

@@ -128,15 +128,14 @@ def choose_fetcher(session: Any, method: str = "auto", bwlimit_kbps: int = 0, st
         if method == "rsync":
             raise TransportError(f"rsync is not installed on {host['name']}",
                                  "install it there, or drop `pull.method: rsync` to use SFTP")
-    return SftpFetcher(_sftp_factory(session.transport))
+    return SftpFetcher(_sftp_session(session.transport))
 
 
-def _sftp_factory(transport: Any) -> Callable[[], Any]:
-    if callable(getattr(transport, "sftp", None)):
-        return transport.sftp
-    conn = getattr(transport, "connection", None)
-    if conn is not None and callable(getattr(conn, "sftp", None)):
-        return conn.sftp
+def _sftp_session(transport: Any) -> Callable[[], Any]:
+    # the transport's own SFTP door (its lock held while a file comes): never its bare
+    # SFTPClient, which a push on the same connection would be reading from too
+    if callable(getattr(transport, "sftp_session", None)):
+        return transport.sftp_session
     raise TransportError(f"transport {getattr(transport, 'name', '?')} offers no SFTP client",
                          "install rsync on both ends")
 

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 from orchestrator.errors import TransportError
 from orchestrator.transport.openssh import host_argv
@@ -115,35 +115,41 @@ class LocalFetcher:
 
 
 class SftpFetcher:
-    """SFTP with offset resume, for boxes without rsync. ``sftp_factory()`` returns a
-    paramiko ``SFTPClient`` (opened lazily, reused across files)."""
+    """SFTP with offset resume, for boxes without rsync. ``sftp_session()`` is the transport's
+    (``SSHTransport.sftp_session``): a context manager that lends its one ``SFTPClient`` and
+    holds its SFTP lock, so a push on the same connection waits for this file rather than
+    reading its replies (paramiko reads them without a lock)."""
 
     method = "sftp"
 
-    def __init__(self, sftp_factory: Callable[[], object]):
-        self._factory = sftp_factory
-        self._sftp = None
+    def __init__(self, sftp_session: Callable[[], ContextManager[Any]]):
+        self._session = sftp_session
 
     def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
-        if self._sftp is None:
-            self._sftp = self._factory()
         start = _start_offset(partial, size)
         h = prefix_hasher(partial, start)
         progress = [start]
         try:
             # bytes as the OS spells them: paramiko would UTF-8-encode a str and fail on a
             # name that is not valid UTF-8 (it arrives from the box as surrogates)
-            with self._sftp.open(os.fsencode(remote), "rb") as src:
+            with self._session() as sftp, sftp.open(os.fsencode(remote), "rb") as src:
                 src.seek(start)
                 src.prefetch(size)  # pipelined reads from the current offset
                 _copy_hashing(src, partial, size, h, progress, on_progress)
         except LocalWriteError:
             raise
-        except (OSError, EOFError) as exc:
-            self._sftp = None
+        except (OSError, EOFError, *_paramiko_errors()) as exc:  # the session drops itself
             raise TransportError(f"SFTP transfer of {remote} stopped at byte {progress[0]}: {exc}",
                                  "run the pull again: it resumes from the bytes already here") from exc
         return Fetched(h.hexdigest(), progress[0], progress[0] - start, start)
+
+
+def _paramiko_errors() -> tuple[type[BaseException], ...]:
+    """paramiko's own link and protocol errors (loaded already: SFTP came over it)."""
+    from orchestrator.transport.channel import _paramiko
+
+    paramiko = _paramiko()
+    return paramiko.SSHException, paramiko.SFTPError
 
 
 class RsyncFetcher:

@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import re
 import shlex
 import socket
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import IO, Sequence
 
 from orchestrator.errors import ConnectError, HostKeyError, OperationalError, TransportError
 from orchestrator.transport import hostkeys
-from orchestrator.transport.base import RunResult, rpath, sftp_path  # noqa: F401 (rpath re-exported)
+from orchestrator.transport.base import RunResult, rpath, sftp_path  # noqa: F401 (re-exported)
 from orchestrator.transport.channel import LinkLost, _paramiko, pump  # noqa: F401 (re-exported)
+from orchestrator.transport.ssh_files import SFTPFiles
+from orchestrator.transport.ssh_files import reason as _reason
 from orchestrator.transport.sshconfig import Endpoint, resolve
 
 KEEPALIVE_S = 10          # like ServerAliveInterval=10
@@ -55,8 +55,9 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "".join(parts)
 
 
-class SSHTransport:
-    """The Transport contract over one SSH connection, opened lazily and reused."""
+class SSHTransport(SFTPFiles):
+    """The Transport contract over one SSH connection, opened lazily and reused (its files over
+    SFTP: ``SFTPFiles``)."""
 
     def __init__(self, host_entry: dict, *, known_hosts: str | os.PathLike | None = None,
                  insecure: bool = False, connect_timeout: float = 10):
@@ -303,88 +304,7 @@ class SSHTransport:
             raise TransportError(f"{self.name}: connection lost while a command ran",
                                  hint="the command may have run; check state before repeating") from None
 
-    # -- files -----------------------------------------------------------------------
-    def sftp(self):
-        """The connection's one SFTP session. Within gpurun's own transport it is used under
-        ``_sftp_lock`` (one request in flight at a time: see the module docstring)."""
-        paramiko = _paramiko()
-
-        with self._lock:
-            return self._open_sftp(paramiko)
-
-    def _open_sftp(self, paramiko):
-        # Opened twice at most: a subsystem channel the box closed at once (EOFError; seen once
-        # in ~5 CI runs with 8 verbs opening channels together) is asked again before the
-        # gateway is blamed. Nothing was sent on it, so asking again is safe.
-        for attempt in (0, 1):
-            if self._sftp is not None and self._alive():
-                break
-            client = self.connect()
-            try:
-                self._sftp = client.open_sftp()
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                self._sftp = None
-                if attempt:
-                    raise TransportError(f"{self.name}: SFTP unavailable: {_reason(exc)}",
-                                         hint="some gateways (e.g. RunPod basic SSH) have no SFTP; "
-                                              "use the box's direct SSH port") from None
-                time.sleep(0.2)
-        return self._sftp
-
-    def _mkdirs(self, sftp, path: str) -> None:
-        if path in ("", ".", "/"):
-            return
-        try:
-            sftp.stat(path)
-            return
-        except OSError:
-            pass
-        self._mkdirs(sftp, posixpath.dirname(path.rstrip("/")))
-        try:
-            sftp.mkdir(path)
-        except OSError:
-            sftp.stat(path)  # created concurrently is fine; otherwise re-raise
-
-    def put(self, local_path: str, remote_path: str) -> None:
-        """Upload to a temp name beside the target, then rename over it (atomic)."""
-        target = sftp_path(remote_path)
-        parent, base = posixpath.split(target)
-        tmp = posixpath.join(parent, f".{base}.gpurun-{uuid.uuid4().hex[:8]}")
-        with self._sftp_lock:
-            sftp = self.sftp()
-            try:
-                self._mkdirs(sftp, parent)
-                sftp.put(local_path, tmp)
-                sftp.chmod(tmp, os.stat(local_path).st_mode & 0o777)
-                sftp.posix_rename(tmp, target)
-            except EOFError:
-                self._sftp = None  # the session closed under the upload: the next call opens one
-                raise TransportError(f"{self.name}: the SFTP session closed while writing {remote_path}",
-                                     hint="nothing was renamed into place; run the command again") from None
-            except OSError as exc:
-                try:
-                    sftp.remove(tmp)
-                except OSError:
-                    pass
-                raise TransportError(f"{self.name}: cannot write {remote_path}: {_reason(exc)}",
-                                     hint="check free space and permissions on the box",
-                                     retryable=False) from None
-
-    def get(self, remote_path: str, local_path: str) -> None:
-        local = Path(local_path)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.gpurun-{uuid.uuid4().hex[:8]}")
-        try:
-            with self._sftp_lock:
-                self.sftp().get(sftp_path(remote_path), str(tmp))
-            os.replace(tmp, local)
-        except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
-            raise OperationalError(f"{self.name}: no such file {remote_path}") from None
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise TransportError(f"{self.name}: cannot read {remote_path}: {_reason(exc)}") from None
-
+    # -- files: put, get and the SFTP session are SFTPFiles' (ssh_files.py) -----------
     def sync(self, local_dir: str, remote_dir: str, *, excludes: Sequence[str] = ()) -> dict:
         from orchestrator.transport import ssh_sync
 
@@ -436,10 +356,3 @@ def _tcp_keepalive(sock: socket.socket) -> None:
     for opt, val in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:200]

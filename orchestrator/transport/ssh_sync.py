@@ -132,8 +132,7 @@ def _tar(t: "SSHTransport", src: Path, abs_dir: str, matcher: Matcher) -> dict:
 
 
 def _sftp(t: "SSHTransport", src: Path, abs_dir: str, matcher: Matcher) -> dict:
-    with t._sftp_lock:  # one SFTP request in flight per transport (ssh.py's docstring)
-        sftp = t.sftp()
+    with t.sftp_session() as sftp:  # one SFTP user at a time per transport (ssh_files.py)
         files = total = 0
         made: set[str] = set()
         for rel, path in walk(src, matcher):

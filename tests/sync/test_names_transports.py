@@ -87,7 +87,7 @@ def test_every_name_pulls_home_over_sftp(root_ssh_host: dict, tmp_path: Path):
     man = make_box(tmp_path)
     root = tmp_path / "home" / "rootbox" / "names"
     with open_session("rootbox") as s:
-        res = pull_job(man, root, SftpFetcher(s.transport.sftp), KeepPolicy(), host="rootbox")
+        res = pull_job(man, root, SftpFetcher(s.transport.sftp_session), KeepPolicy(), host="rootbox")
     check_home(man, root, res)
 
 

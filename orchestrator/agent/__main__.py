@@ -55,7 +55,8 @@ def main(argv: list) -> int:
     except Exception as exc:  # every failure becomes a framed error reply, never a bare traceback
         kind = getattr(exc, "kind", None)
         if isinstance(kind, str) and kind in ERROR_KINDS:  # VerbError, and the store's refusals
-            out = {"ok": False, "error": {"kind": kind, "message": str(exc), "hint": getattr(exc, "hint", "")}}
+            out = {"ok": False, "error": {**(getattr(exc, "fields", None) or {}), "kind": kind,
+                                          "message": str(exc), "hint": getattr(exc, "hint", "")}}
         elif _disk_full(exc):  # an operational state of the box, not an agent bug (issue 14)
             out = {"ok": False, "error": _disk_full_error(state_dir, verb, exc)}
         else:

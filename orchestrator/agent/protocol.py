@@ -8,7 +8,8 @@ and one sentinel-framed envelope on stdout::
     {"ok": true,  "result": <Reply>,                      "agent": VERSION, "protocol": N}
     {"ok": false, "error": {"kind", "message", "hint"},   "agent": VERSION, "protocol": N}
 
-``kind`` is one of ``ERROR_KINDS``; the controller maps it to its error tree
+An error may carry more keys, optional, each for one kind (``job`` for ``not_found``), so an
+older peer simply does without them. ``kind`` is one of ``ERROR_KINDS``; the controller maps it to its error tree
 (``orchestrator.errors.from_agent``). Replies are checked against their shape's required keys
 (``missing_keys``), so a reply of the wrong shape is a protocol error naming both builds,
 never a ``KeyError`` deep in a command.
@@ -37,19 +38,25 @@ ERROR_KINDS = (NOT_FOUND, BAD_INPUT, CONFLICT, UNKNOWN_VERB, STORE_TOO_NEW, AGEN
 
 class VerbError(Exception):
     """A request the agent refuses; ``kind`` (one of ``ERROR_KINDS``) maps to the client's
-    error tree, ``hint`` says what the user can do."""
+    error tree, ``hint`` says what the user can do, ``fields`` go into the reply's error
+    object beside them (``job`` for ``not_found``: see ``job_not_found``)."""
 
-    def __init__(self, message: str, kind: str = BAD_INPUT, hint: str = ""):
+    def __init__(self, message: str, kind: str = BAD_INPUT, hint: str = "", **fields: Any):
         super().__init__(message)
         self.kind = kind
         self.hint = hint
+        self.fields = fields
 
 
 def job_not_found(ref: Any) -> VerbError:
-    """The one not-found error for a job reference (id, name or number)."""
-    return VerbError("no job %r on this host" % str(ref), NOT_FOUND,
-                     "see `gpurun queue status` for job names, ids and numbers")
+    """The one not-found error for a job reference (id, name or number).
 
+    Its error object carries ``"job": ref`` (the reference as the user gave it): the agent
+    cannot know the name the controller has for its host, so the controller writes the user's
+    message from the field ("no job 'x' on box"); the text here is for any other reader. An
+    agent from before the field (protocol 4 without it) sends the message alone."""
+    return VerbError("no job %r on this host" % str(ref), NOT_FOUND,
+                     "see `gpurun queue status` for job names, ids and numbers", job=str(ref))
 
 # --- the wire job -----------------------------------------------------------------------
 class Job(TypedDict):

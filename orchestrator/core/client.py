@@ -190,15 +190,24 @@ class AgentClient:
             if kind == P.UNKNOWN_VERB:
                 raise self._mismatch(verb, envelope, msg)
             hint, name = err.get("hint") or None, self.host["name"]
-            if kind == "not_found" and name != "local":  # the agent cannot know the name it has here
-                msg = msg.replace("on this host", f"on {name}")
-                hint = hint and hint.replace("`gpurun queue status`", f"`gpurun queue status --host {name}`")
+            if kind == P.NOT_FOUND and name != "local":  # the agent cannot know the name it has here
+                msg, hint = self._not_found(err, msg)
             raise from_agent(kind, msg, hint, host=name)
         result = envelope.get("result")
         missing = verb.missing_keys(result)
         if missing:
             raise self._mismatch(verb, envelope, "a reply without " + ", ".join(missing))
         return result
+
+    def _not_found(self, err: dict, msg: str) -> tuple[str, str]:
+        """A ``not_found`` reply in this host's words, from its ``job`` field; an agent from
+        before the field gets its own message, prefixed with the host it came from."""
+        name = self.host["name"]
+        hint = f"see `gpurun queue status --host {name}` for job names, ids and numbers"
+        ref = err.get("job")
+        if isinstance(ref, str):
+            return f"no job {ref!r} on {name}", hint
+        return f"{name}: {msg}", hint
 
     def _push(self, build: str, pyz: str, rpyz: str) -> None:
         """Put the agent zipapp on the host, once per client and build: a second verb that

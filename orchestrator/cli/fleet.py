@@ -13,7 +13,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from orchestrator.cli.options import complete_hosts
-from orchestrator.cli.render import console, emit_json
+from orchestrator.cli.render import console, emit_json, pad_column, width_of
 
 
 def complete_fleets(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -75,8 +75,8 @@ def ls(as_json: bool) -> None:
     rows = [("FLEET", "HOST", "PROFILE", "KIND")] + [
         (f["name"], h["name"], h["profile"] or "-", h["kind"]) for f in fleets
         for h in f["hosts"] or [{"name": "-", "profile": None, "kind": "(no hosts)"}]]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
+    columns = [pad_column(list(col), width_of(col)) for col in zip(*rows)]  # in terminal cells
+    click.echo("\n".join("  ".join(r).rstrip() for r in zip(*columns)))
 
 
 @fleet.command("rm")

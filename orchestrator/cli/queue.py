@@ -12,7 +12,7 @@ import click
 from orchestrator.cli.fleet import fleet_option
 from orchestrator.cli.options import HOST_HELP, AsciiInt, complete_jobs, host_option
 from orchestrator.cli.render import (STATE_STYLE, console, emit_json, iso, json_job, on_interrupt,
-                                      plain_job_lines, stdout_is_tty)
+                                      pad, plain_job_lines, stdout_is_tty, width_of)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -348,13 +348,13 @@ def events(job: str | None, host: str | None, fleet: str | None, limit: int, as_
         from rich.markup import escape
         style = {"warn": "yellow", "error": "red", "critical": "bold red"}
         out = console()
-        width = max([len(_job_label(e)) for e in evs] + [0])
-        hw = max([len(e.get("host") or "") for e in evs] + [0])
+        width = width_of(_job_label(e) for e in evs)  # in terminal cells: a CJK name takes two a character
+        hw = width_of(e.get("host") or "" for e in evs)
         for e in evs:
             sev = e["severity"]
-            where = f"{escape(e['host']):<{hw}}  " if fleet is not None else ""
+            where = f"{escape(pad(e['host'], hw))}  " if fleet is not None else ""
             out.print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['ts']))}  {where}"
-                      f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {escape(_job_label(e)):<{width}}  "
+                      f"[{style.get(sev, 'dim')}]{sev:<8}[/] {e['kind']:<16} {escape(pad(_job_label(e), width))}  "
                       f"{escape(e['message'])}", soft_wrap=True)
     for err in errors:  # a member that failed: one line on stderr, the others' events shown
         click.echo(f"gpurun: {err['host']}: unreachable: {err['error']}", err=True)

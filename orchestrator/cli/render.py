@@ -1,6 +1,7 @@
 """Shared rendering helpers for the CLI: rich tables, state colours, durations, JSON out, the
-job table (a fitted table on a terminal, plain whitespace columns when piped) and the note a
-command leaves for ``main`` to print when Ctrl-C interrupts it."""
+job table (a fitted table on a terminal, plain whitespace columns when piped), the padding of
+every hand-made column by terminal cells (``cells``, ``pad``: a CJK character takes two) and the
+note a command leaves for ``main`` to print when Ctrl-C interrupts it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import sys
 import textwrap
 import time
+import unicodedata
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
@@ -55,15 +57,60 @@ def console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, soft_wrap=stderr)
 
 
+def cells(text: str) -> int:
+    """The terminal cells ``text`` takes: a wide or full-width character (East Asian width W or
+    F: CJK, full-width forms) two, a combining mark none, any other one. ``len`` counts code
+    points, so a column padded by it ends early by one cell per wide character in the row."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def width_of(values: Any) -> int:
+    """The widest of ``values`` in cells (0 for none); a column of ASCII costs one ``len`` each."""
+    values = list(values)
+    if "".join(values).isascii():
+        return max(map(len, values), default=0)
+    return max(map(cells, values), default=0)
+
+
+def pad(text: str, width: int, right: bool = False) -> str:
+    """``text`` padded with spaces to ``width`` cells, on the right (or on the left: ``right``)."""
+    room = width - cells(text) + len(text)
+    return text.rjust(room) if right else text.ljust(room)
+
+
+def pad_column(values: list[str], width: int, right: bool = False) -> list[str]:
+    """Every value of a column padded to ``width`` cells (``str.ljust`` when all are ASCII)."""
+    if "".join(values).isascii():
+        return [v.rjust(width) for v in values] if right else [v.ljust(width) for v in values]
+    return [pad(v, width, right) for v in values]
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` cells, with ``…`` where it was cut."""
+    if cells(text) <= width:
+        return text
+    out, used = [], 1
+    for ch in text:
+        used += cells(ch)
+        if used > width:
+            break
+        out.append(ch)
+    return "".join(out) + "…"
+
+
 def print_plain_rows(columns: list[str], rows: list[list[str]]) -> None:
     """A listing as plain lines for a pipe: a header, one line per row, columns padded with
     two spaces, an empty cell as ``-``, a cell's lines joined with ``; ``, no trailing spaces
     (a drawn table piped is box characters at a guessed width: neither ``grep`` nor ``awk``
     likes it). Commands print their fitted ``rich`` table only on a terminal."""
-    cells = [[" ".join(str(c or "").replace("\n", "; ").split()) or "-" for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(columns)]
-    for line in [columns] + cells:
-        sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() + "\n")
+    body = [[" ".join(str(c or "").replace("\n", "; ").split()) or "-" for c in r] for r in rows]
+    widths = [width_of([h] + [r[i] for r in body]) for i, h in enumerate(columns)]
+    padded = [pad_column(list(col), w) for col, w in zip(zip(columns, *body), widths)]
+    for line in zip(*padded):
+        sys.stdout.write("  ".join(line).rstrip() + "\n")
     sys.stdout.flush()
 
 
@@ -203,9 +250,8 @@ def plain_job_lines(rows: list[tuple[Optional[str], Job]]) -> list[str]:
         table.append(((h or "-",) if with_host else ()) + tuple(cells[i] or "-" for i in order))
     # column by column: one width pass, then each column padded in one go, joined per row
     columns = list(zip(*table)) or [() for _ in cols]
-    widths = [max(len(c), max(map(len, col), default=0)) for c, col in zip(cols, columns)]
-    padded = [[v.rjust(w) for v in col] if c in _RIGHT else [v.ljust(w) for v in col]
-              for c, col, w in zip(cols, columns, widths)]
+    widths = [max(len(c), width_of(col)) for c, col in zip(cols, columns)]
+    padded = [pad_column(list(col), w, c in _RIGHT) for c, col, w in zip(cols, columns, widths)]
     head = "  ".join(c.rjust(w) if c in _RIGHT else c.ljust(w) for c, w in zip(cols, widths))
     join = "  ".join
     return [(head + "  REASON").rstrip()] + [(join(row) + "  " + _reason(j)).rstrip()
@@ -270,7 +316,7 @@ def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> 
     cpu, now = cpu_host(jobs), time.time()
     table = dict(zip(JOB_COLUMNS, map(list, zip(*[_cells(j, cpu, now) for j in jobs]))))
     table["ID"] = [i[:_SHORT_ID] for i in table["ID"]]  # the full id is in --json and the piped form
-    widths = {c: max(len(c), max(map(len, table[c]))) for c in JOB_COLUMNS}
+    widths = {c: max(len(c), width_of(table[c])) for c in JOB_COLUMNS}
     cols = list(JOB_COLUMNS)
     for drop in _DROPPABLE:
         if sum(widths[c] for c in cols) + 2 * (len(cols) - 1) <= width:
@@ -278,7 +324,7 @@ def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> 
         cols.remove(drop)
 
     def cell(c: str, v: str) -> str:
-        return v.rjust(widths[c]) if c in _RIGHT else v.ljust(widths[c])
+        return pad(v, widths[c], c in _RIGHT)
 
     sgr = _sgr if color else plain
     # The rows are text with the few SGR codes they need, in one write: rich's per-line
@@ -292,8 +338,7 @@ def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> 
             look = {v: sgr(cell(c, v), styled[c].get(v, "")) for v in set(vals)}
             vals = [look[v] for v in vals]
         else:
-            w = widths[c]
-            vals = [v.rjust(w) for v in vals] if c in _RIGHT else [v.ljust(w) for v in vals]
+            vals = pad_column(vals, widths[c], c in _RIGHT)
         values.append(vals)
     out.append(sgr("  ".join(cell(c, c) for c in cols).rstrip(), "bold"))
     indent = " " * (widths["#"] + 2)
@@ -304,7 +349,7 @@ def print_job_table(host: str, jobs: list[Job], slots: Optional[int] = None) -> 
         out.append(join(row).rstrip())
         why = _reason(j)
         if why:
-            out.append(sgr(indent + (why if len(why) <= room else why[:room - 1] + "…"),
+            out.append(sgr(indent + clip(why, room),
                            "red" if why.startswith("quality STOP") else "dim"))
     sys.stdout.write("\n".join(out) + "\n")
     sys.stdout.flush()

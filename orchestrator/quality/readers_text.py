@@ -38,6 +38,8 @@ _GLOG = re.compile(r"[IWEF]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] ")
 # the words of a sentence between two of its values ("has acc 0.249 and loss 1.386")
 _CONNECTIVES = frozenset({"and", "with", "has", "had", "have", "of", "the", "is", "was", "then", "plus", "its",
                           "while", "but"})
+# a verb between a metric's name and its value ("Loss is 2.302.", "loss became 0.7")
+_VERBS = frozenset({"is", "was", "are", "were", "became", "becomes", "now", "="})
 # a parenthesised word after a metric's name that says which split it is ("Average Loss (valid)")
 _QUALIFIERS = frozenset({"train", "training", "trn", "val", "valid", "validation", "eval", "evaluation", "test",
                          "dev"})
@@ -54,6 +56,35 @@ _SPLIT_WORDS = _SPLIT_HEADS | {"train", "training", "trn", "tr", "heldout", "hol
 _HEAD_FIRST = frozenset("vVeEtTdD \t[(<>#|-*=")
 _NO_SPLIT = frozenset({"lr", "grad_norm", "loss_scale", "throughput", "iters_per_s", "step_time", "train_time"})
 _WORDS = re.compile(r"[a-z]+")
+
+
+# a value printed as its container: ``tensor(2.3026, device='cuda:0', grad_fn=<NllLossBackward0>)``,
+# ``tensor([nan])``, ``array(0.5, dtype=float32)``, numpy 2's ``np.float32(0.69)``,
+# ``tf.Tensor(2.3, shape=(), dtype=float32)``, ``<tf.Tensor: shape=(), dtype=float32, numpy=2.3>``.
+# The number inside is the value; the wrapper's ``device='cuda:0'`` would read as a config dump.
+_WRAPPED = re.compile(r"(?:\b(?:[A-Za-z_]\w*\.)*(?:tensor|array|Tensor|float(?:16|32|64)?|float_|double)\(\s*\[*\s*%s\s*\]*\s*"
+                      r"(?:\)|,\s*[a-z_]+=(?:[^()\n]|\([^()\n]*\))*\))|<tf\.Tensor: [^<>\n]*?numpy=%s>)" % (_NUM, _NUM))
+_WRAPS = ("tensor(", "array(", "Tensor", "float32(", "float64(", "float16(", "float_(", "double(")
+
+
+# a sentence that names the step before the value: DL4J's ScoreIterationListener ("Score at
+# iteration 60 is 0.0513", its score being the loss it minimises), "loss at step 10 is 2.3"
+_AT_STEP = re.compile(r"\b([A-Za-z][A-Za-z_]{0,30}) at (iteration|iter|step|epoch) (\d+) (?:is|was|=|:) ")
+
+
+def _at_step(m: "re.Match[str]") -> str:
+    name = m.group(1).lower()
+    return "%s %s, %s " % (m.group(2), m.group(3), "loss" if name == "score" else name)
+
+
+def unwrap_values(text: str) -> str:
+    """``text`` with each value printed inside a tensor / array / numpy scalar as the bare number,
+    and "NAME at iteration N is X" as "iteration N, NAME X"."""
+    if " at i" in text or " at s" in text or " at e" in text:
+        text = _AT_STEP.sub(_at_step, text)
+    if not any(w in text for w in _WRAPS):
+        return text  # the common case: one substring scan per wrapper name, no regex
+    return _WRAPPED.sub(lambda m: m.group(1) or m.group(2), text)
 
 
 def split_head(head: str) -> bool:
@@ -76,7 +107,17 @@ def context_shape(segs: Sequence[str]) -> bool:
     right, line by line in order: steps from earlier lines or from three numbers
     (``steps.context_line``), or a glog head whose numbers are not metrics."""
     joined = "0".join(segs)
-    return context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
+    return any(_opens_index(seg) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
+
+
+def _opens_index(seg: str) -> bool:
+    """True for a metric's name that opens a bracket before its value: ``Loss [1, 100](epoch,
+    minibatch):  9.66``, whose bracket holds where the value was logged, not the value."""
+    if not seg.endswith("[") and not seg.rstrip(" ").endswith("["):
+        return False
+    raw = _key_of(seg)
+    return bool(raw) and raw not in STEP_KEYS and raw != "epoch" and (
+        SYNONYMS.get(raw, raw) in _KNOWN or any(m in raw for m in _METRICISH))
 
 
 def config_dump(line: str) -> bool:
@@ -108,6 +149,8 @@ def _key_of(seg: str) -> str:
         words = k.split(" ")
         while len(words) > 1 and words[0] in _CONNECTIVES:
             del words[0]  # "... 0.249 and loss 1.386": the connective names nothing
+        while len(words) > 1 and words[-1] in _VERBS:
+            del words[-1]  # "Loss is 2.30" (BigDL, MindSpore): the verb between name and value
         if len(words) == 1:
             k = words[0]
             return k if _IDENT.match(k) else _NOKEY
@@ -203,13 +246,26 @@ class LineParser:
         known = not self.strict
         vals: List[Tuple[str, float]] = []
         split = split_head(parts[0])
+        held: Optional[Tuple[str, str]] = None  # a metric whose value follows its bracket (_opens_index)
+        in_index = False
         for i in range(1, len(parts), 2):
             seg = parts[i - 1]
+            if in_index:
+                if "]" not in seg:
+                    continue  # a number inside the bracket: where, not what
+                in_index = False
             ent = cache.get(seg)
             if ent is None:
                 raw = _key_of(seg)
                 ent = cache[seg] = (raw, SYNONYMS.get(raw, raw))
             raw, name = ent
+            if raw and _opens_index(seg):
+                held, in_index = ent, True
+                continue
+            if held is not None:
+                if not raw:
+                    raw, name = held  # "](epoch, minibatch):  9.66": the held metric's value
+                held = None
             if split and raw:
                 name = on_split(raw, name)
             if not raw:
@@ -340,6 +396,7 @@ class LineSource:
         return "ok"
 
     def _feed(self, text: str, run: Run) -> None:
+        text = unwrap_values(text)
         if self.fast is None:
             from orchestrator.quality.fastpath import FastPath
             self.fast = FastPath(self.parser)

@@ -12,7 +12,7 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.series import Run, Series, isfinite, median, role_of
+from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median, role_of
 from orchestrator.quality.tables import ABORT_SERIES
 
 Finding = Dict[str, object]
@@ -76,15 +76,18 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
         last = list(s.values[-5:])
         bad = [not isfinite(v) for v in last]
         streak = _trailing(bad)
+        carry = carried_bad(s)
+        if carry and streak == len(s) - s.rewound_at:
+            streak += carry  # NaN before a restart and NaN since: the restart did not heal it
         if streak >= 2 or (sum(bad) >= 2 and len(bad) >= 3):
-            k = len(s) - (streak if streak >= 2 else len(last) - bad.index(True))
+            k = max(0, len(s) - (streak if streak >= 2 else len(last) - bad.index(True)))
             vals = s.values
             while streak >= 2 and k > 0 and len(s) - k < 100000 and not isfinite(vals[k - 1]):
                 k -= 1  # the onset is where the trailing run of NaN/Inf began
             step = s.steps[k]
             out.append(finding("nonfinite_loss", "stop", step,
-                               {"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
-                                "last_finite": _last_finite(s)},
+                               dict({"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
+                                     "last_finite": _last_finite(s)}, **({"bad_before_restart": carry} if carry else {})),
                                H.nonfinite(step, run.get("loss_scale") is not None), name))
         elif streak == 1:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},

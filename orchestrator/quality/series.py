@@ -67,6 +67,9 @@ def canon(key: str) -> str:
 # of one meaning in one run (``loss`` beside ``loss_total``, mmdet's ``loss_cls`` beside
 # ``loss``) would otherwise interleave in one series.
 ROLES = ("loss", "val_loss", "eval_loss", "lr", "grad_norm")
+# a perplexity series stands in for the loss of its split when the log prints no loss at all
+PPL_WORDS = frozenset({"ppl", "perplexity", "pplx"})
+_FROM_PPL = {"loss": "ppl", "val_loss": "val_ppl"}
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "heldout", "holdout",
                         "predict", "prediction"})
@@ -100,13 +103,18 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
         else:
             words.add(w)
     words.discard("")
-    if words & LOSS_WORDS and not words & NOT_A_LOSS:
+    xent = "xent" in words or "crossentropy" in words or {"cross", "entropy"} <= words
+    if (xent or words & LOSS_WORDS) and not words & NOT_A_LOSS:
         if words & EVAL_WORDS:
             return "val_loss", float(len(words - PLAIN - EVAL_WORDS - LOSS_WORDS))
-        if "loss" not in words and "losses" not in words:
+        if "loss" not in words and "losses" not in words and not xent:
             return None  # a train-side bpb / nll is a metric, the train loss is named "loss"
+        # (a cross-entropy is what a classifier or LM minimises: OpenNMT's "xent", MXNet's
+        # "cross-entropy=" are its train loss when the log names no "loss")
         rest = words - PLAIN
         return "loss", len(rest) - (0.5 if words & TOTAL else 0.0)
+    if words & PPL_WORDS and not words & NOT_A_LOSS:
+        return ("val_ppl" if words & EVAL_WORDS else "ppl"), float(len(words - PLAIN - EVAL_WORDS - PPL_WORDS))
     if words & NOT_A_RATE:
         return None
     if "lr" in words or {"learning", "rate"} <= words:
@@ -131,7 +139,7 @@ def _skipmax(xs: Sequence[float]) -> float:
 class Series:
     """Parallel arrays of steps and values, steps non-decreasing within the current timeline."""
 
-    __slots__ = ("name", "steps", "values", "dropped", "_low", "_bmax")
+    __slots__ = ("name", "steps", "values", "dropped", "_low", "_bmax", "rewound_at", "bad_carry")
 
     def __init__(self, name: str):
         self.name = name
@@ -140,6 +148,10 @@ class Series:
         self.dropped = 0  # points discarded by rewinds
         self._low = (0, math.nan)  # (points scanned, lowest finite value among them): low()
         self._bmax: List[float] = []  # max of each complete block of PEAK_BLOCK values: peak()
+        # the last rewind: where it cut the series, and how many NaN/Inf the cut part ended on. A
+        # run that restarts and is NaN again logged one unbroken run of bad values (``nonfinite_streak``)
+        self.rewound_at = 0
+        self.bad_carry = 0
 
     def low(self) -> float:
         """The lowest finite value (nan when none). Kept as the series grows, so a periodic
@@ -196,6 +208,7 @@ class Series:
         i = bisect_left(self.steps, step)
         if i < len(self.steps):
             self.dropped += len(self.steps) - i
+            self.rewound_at, self.bad_carry = i, _trailing_bad(self.values, i)
             del self.steps[i:]
             del self.values[i:]
             self._low, self._bmax = (0, math.nan), []
@@ -330,7 +343,29 @@ class Run:
                 s = self.series[cand]
                 if len(s):
                     return s
+            if name in _FROM_PPL:
+                return self._from_ppl(name)
         return None
+
+    def _from_ppl(self, role: str) -> Optional[Series]:
+        """The loss of a log that prints only its perplexity (OpenNMT's ``ppl``, LSTM language
+        models): ln(ppl) is the mean cross-entropy the trainer minimises, so the loss rules judge
+        it on the scale they know. Kept in step with its source as it grows or rewinds."""
+        want = _FROM_PPL[role]
+        src = next((self.series[k] for k in self.by_role().get(want, ()) if len(self.series[k])), None)
+        if src is None:
+            return None
+        cache = self.__dict__.setdefault("_ppl", {})
+        d = cache.get(role)
+        n = len(d) if d is not None else 0
+        if d is None or d.name != src.name or n > len(src) or (n and d.steps[-1] != src.steps[n - 1]):
+            d, n = Series(src.name), 0  # new, or its source was cut back by a rewind: start over
+            cache[role] = d
+        log = math.log
+        for st, v in zip(src.steps[n:], src.values[n:]):
+            d.steps.append(st)
+            d.values.append(log(v) if v > 0 else (v if v != v else math.nan))
+        return d
 
     def by_role(self) -> Dict[str, List[str]]:
         """Role -> candidate series names, best first (cached until a series appears)."""
@@ -383,6 +418,25 @@ class Run:
             return self
         idx = max(0, min(len(main) - 1, int(len(main) * n_records_frac) - 1))
         return self.upto(main.steps[idx])
+
+
+def _trailing_bad(vals: Sequence[float], lo: int) -> int:
+    """How many of ``vals[lo:]`` at its end are NaN/Inf."""
+    n = len(vals)
+    k = n
+    while k > lo and not isfinite(vals[k - 1]):
+        k -= 1
+    return n - k
+
+
+def carried_bad(s: Series) -> int:
+    """NaN/Inf the series logged just before its last rewind, when every point logged since (1 to
+    5 of them) is NaN/Inf too: in the order the file logged them, one unbroken run of bad values
+    (a run restarted from a checkpoint, or a counter that restarts each epoch, and NaN again)."""
+    since = len(s.values) - s.rewound_at
+    if not s.bad_carry or not 1 <= since <= 5:
+        return 0
+    return s.bad_carry if not any(isfinite(v) for v in s.values[s.rewound_at:]) else 0
 
 
 def isfinite(v: float) -> bool:

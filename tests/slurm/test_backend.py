@@ -194,7 +194,10 @@ def test_fleet_release_takes_back_only_what_slurm_has_not_started(slurm_ssh_host
     assert after[pending["name"]]["state"] == "moved" and after[pending["name"]]["backend_id"] is None
     ran = Path(slurm_ssh_host["workdir"]) / "ran.txt"
     assert pending["name"].replace("r", "ran-") not in ran.read_text()  # it never ran here
-    gpurun("queue", "cancel", "--all", "--host", "cluster")
+    # --yes: without it (no terminal) --all is refused, and the two sleep-20 jobs would hold the
+    # node's two CPUs for the tests after this one
+    res = gpurun("queue", "cancel", "--all", "--yes", "--host", "cluster")
+    assert res.returncode == 0, res.stderr
 
 
 def test_submit_wait_gets_each_jobs_last_word(slurm_ssh_host: dict, tmp_path: Path) -> None:

@@ -26,8 +26,11 @@ from orchestrator.agent.periodic import Periodic
 from orchestrator.agent.runner import Runner
 from orchestrator.agent.store import Store
 
-IDLE_TICK_S = 2.0
+IDLE_TICK_S = 2.0   # the longest an idle daemon sleeps: it wakes sooner when something is due
 BUSY_TICK_S = 0.5
+# the shortest idle sleep: an idle exit refused because a command holds the ensure lock is
+# tried again this often, not in a busy loop
+MIN_TICK_S = 0.1
 # A pass that starts a job leaves its other work (sweep, periodic hooks) to a pass this much
 # later, so the new job's start does not share two cores with it (issue 15, the gap).
 YIELD_S = 0.02
@@ -124,8 +127,8 @@ class Daemon:
                 sys.stderr.flush()
                 time.sleep(1.0)
             busy = bool(runner.pids) or runner.sweeper.busy
-            self._sleep(rfd, runner.ended_pipe.fd, YIELD_S if yielded else BUSY_TICK_S if busy else IDLE_TICK_S,
-                        yielded)
+            self._sleep(rfd, runner.ended_pipe.fd, YIELD_S if yielded else BUSY_TICK_S if busy else
+                        self._idle_tick(periodic, config), yielded)
         try:
             store.add_event(None, "agent_stop", "info", "agent stopped (pid %d); jobs keep running" % os.getpid())
         except Exception as exc:  # noqa: BLE001 - a full disk loses the line, not the clean exit
@@ -158,6 +161,20 @@ class Daemon:
             if not (yielded and ready == [wake_fd] and got and set(got) == {signal.SIGCHLD} and timeout > 0
                     and not self.stop):
                 return
+
+    def _idle_tick(self, periodic: Periodic, config: dict) -> float:
+        """How long an idle daemon sleeps: until the next periodic hook is due or its idle exit
+        would come (``agent.idle_exit_minutes``), at most ``IDLE_TICK_S``. A hook due in 0.3 s
+        runs in 0.3 s, not at the next 2 s tick, and an idle exit comes at its minute, not up
+        to a tick later; the daemon wakes no more often than with a fixed tick."""
+        now = time.time()
+        wake = now + IDLE_TICK_S
+        if periodic.due:
+            wake = min(wake, min(periodic.due.values()))
+        limit = idle_exit_s(config)
+        if limit:
+            wake = min(wake, max(self.busy_at, last_activity(self.state_dir) or 0.0) + limit)
+        return min(IDLE_TICK_S, max(MIN_TICK_S, wake - now))
 
     def _open_store(self) -> Optional[Store]:
         """The store, waiting out a full disk (nothing can be done without it, and the lock is

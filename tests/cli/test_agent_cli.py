@@ -5,6 +5,7 @@ command arriving while an idle daemon exits is never left with no daemon)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -105,8 +106,20 @@ def test_idle_local_agent_exits_and_the_next_command_starts_it(home: Path, tmp_p
     assert agent_status()["running"]
 
 
+def _ended_at() -> float:
+    """When the local agent settled its last job, read from its store without a verb (a verb
+    would start a daemon or count as activity)."""
+    from orchestrator import paths
+
+    db = sqlite3.connect("file:%s?mode=ro" % (paths.local_state_dir("local") / "gpurun.db"), uri=True)
+    try:
+        return float(db.execute("SELECT max(ended_at) FROM jobs").fetchone()[0])
+    finally:
+        db.close()
+
+
 def test_a_command_during_an_idle_exit_always_finds_a_daemon(home: Path, tmp_path: Path):
-    _tiny_idle(home, 0.01)  # 0.6 s: the daemon decides to exit at its first idle tick (2 s)
+    _tiny_idle(home, 0.03)  # 1.8 s after the job's end (or the last command) the daemon decides to exit
     for i in range(6):
         q = tmp_path / f"q{i}.txt"
         q.write_text(f"[name=j{i}] true\n")
@@ -115,4 +128,6 @@ def test_a_command_during_an_idle_exit_always_finds_a_daemon(home: Path, tmp_pat
         # daemon (ensure answered "running" for one on its way out) would stay queued here
         _until(lambda: agent_status()["jobs"] == {"queued": 0, "running": 0}, 15,
                f"job j{i} left queued with no daemon: {agent_status()}")
-        time.sleep(1.4 + 0.25 * i)  # the next submit lands before, at and after that decision
+        # the next submit's ensure lands before, at and after that decision (the job's end +
+        # 1.8 s): its CLI starts from 1.2 s before it to 0.3 s after, and takes a while to ensure
+        time.sleep(max(0.0, _ended_at() + 1.8 - 1.2 + 0.3 * i - time.time()))

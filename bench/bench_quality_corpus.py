@@ -114,8 +114,9 @@ def replay(src: str, work: str, k: int) -> Iterator[Tuple[dict, object]]:
 
 def _onset_index(item: dict, steps: List[float]) -> Optional[int]:
     """0-based index of the onset among the main loss points (None: no onset / not reached)."""
-    if item.get("onset_point"):
+    if item.get("onset_point") and int(item["onset_point"]) <= len(steps):
         return int(item["onset_point"]) - 1
+    # (a point count past the points left: a restart dropped some, the onset's step says where)
     onset = item.get("onset")
     if onset is None:
         return None

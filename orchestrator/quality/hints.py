@@ -51,6 +51,9 @@ SATURATED = ("the loss sits at -ln(FLT_MIN) = 87.3365: every sample's true-class
              "the LR, check the weight init, the label range (labels >= num_output) and the input scaling.")
 ABSURD = ("the loss is 1e6 or more: it overflowed or the reduction is a sum over a huge batch; lower the LR, "
           "check the loss normalisation and the input scaling; set quality.absurd_loss if this scale is normal.")
+EXPLOSION = ("the loss jumped 100x or more in one log and stayed there: the weights blew up (an LR too high, "
+             "fp16 overflow with a loss scale that did not back off, a bad batch); resume from the last "
+             "checkpoint before the jump with a lower LR or gradient clipping.")
 LR_ZERO = ("the learning rate dropped to 0 before the schedule's end and the loss stopped moving: the scheduler "
            "ran past its horizon (total steps too small, stepped per batch instead of per epoch) or a resume "
            "restored a finished scheduler.")

@@ -34,6 +34,7 @@ RULES: Dict[str, Callable] = {
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
+    "explosion": L.explosion,
 }
 # finding code -> rule that produced it, for codes whose STOP needs confirmation
 TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning": "no_learning",
@@ -45,7 +46,7 @@ TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning
 # (a tiny noisy loss creeping 0.05 -> 0.09 while eval improves); a jump that stays is not vetoed
 EVAL_VETO = ("divergence", "divergence_best")
 STOP_ORDER = {c: i for i, c in enumerate((
-    "nonfinite_loss", "loss_collapse", "absurd_loss", "chance_stuck", "saturated_loss", "frozen", "lr_invalid",
+    "nonfinite_loss", "loss_collapse", "absurd_loss", "loss_explosion", "chance_stuck", "saturated_loss", "frozen", "lr_invalid",
     "lr_zero", "nonfinite_grad", "level_shift", "divergence_best", "eval_diverged", "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 

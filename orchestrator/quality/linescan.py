@@ -272,6 +272,8 @@ class OrderedScan:
                 for e in epochs:  # an integer epoch is the step of a line without one
                     if "." not in row[e]:
                         step, by_epoch = float(row[e]), True
+                if step is None and parser.rerun:  # as parse(): a new run's first record
+                    parser.rerun, step, by_epoch = False, 0.0, True
                 if step is None or (by_epoch and explicit):
                     if bar is not None and (explicit != LINE or last is None or bar >= last):
                         step, bar, explicit = bar, None, explicit or BAR  # a lower bar: a restart

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
-from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_ITER, ITER_OF,
+from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, context_line, epoch_step, has_epoch_bar)
 from orchestrator.quality.tables import Table, abort_record, checkpoint_record, has_table_head, table_head
@@ -39,6 +39,7 @@ _GLOG = re.compile(r"[IWEF]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] ")
 _CONNECTIVES = frozenset({"and", "with", "has", "had", "have", "of", "the", "is", "was", "then", "plus", "its",
                           "while", "but"})
 # a verb between a metric's name and its value ("Loss is 2.302.", "loss became 0.7")
+_HEADER_ENDS = frozenset("0123456789]")
 _VERBS = frozenset({"is", "was", "are", "were", "became", "becomes", "now", "="})
 # a parenthesised word after a metric's name that says which split it is ("Average Loss (valid)")
 _QUALIFIERS = frozenset({"train", "training", "trn", "val", "valid", "validation", "eval", "evaluation", "test",
@@ -107,7 +108,7 @@ def context_shape(segs: Sequence[str]) -> bool:
     right, line by line in order: steps from earlier lines or from three numbers
     (``steps.context_line``), or a glog head whose numbers are not metrics."""
     joined = "0".join(segs)
-    return any(_opens_index(seg) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
+    return any(_opens_index(seg) or ("oss" in seg and _GROUP.search(seg)) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
 
 
 def _opens_index(seg: str) -> bool:
@@ -118,6 +119,17 @@ def _opens_index(seg: str) -> bool:
     raw = _key_of(seg)
     return bool(raw) and raw not in STEP_KEYS and raw != "epoch" and (
         SYNONYMS.get(raw, raw) in _KNOWN or any(m in raw for m in _METRICISH))
+
+
+# a group of named loss terms: "[Losses: x nan, y nan, ..., cls nan, total nan]" (PyTorch-YOLOv3),
+# "losses: {'box': 0.1, 'total': 0.5}": every name in it, up to the group's close, is a loss term
+_GROUP = re.compile(r"\b[Ll]oss(?:es)?\s*[:=]\s*[\[{(]?\s*['\"]?[A-Za-z_]\w*['\"]?\s*[:=]?\s*\Z")
+_CLOSERS = frozenset("])}|")
+
+
+def _group_name(raw: str) -> str:
+    """A term's name inside a loss group: ``total`` -> ``loss_total`` (``series.role_of``)."""
+    return raw if "loss" in raw else "loss_" + raw
 
 
 def config_dump(line: str) -> bool:
@@ -183,6 +195,8 @@ class LineParser:
         self.table: Optional[Table] = None  # the last column header (``tables``): its rows follow
         self.epoch0 = False  # an "Epoch: [0]" was seen: epochs count from 0 (torchvision)
         self.batches = BatchCounter()  # MXNet's "Epoch[E] Batch[B]"
+        self.header_epoch: Optional[int] = None  # the last "Epoch E/M" line's E (``_header``)
+        self.rerun = False  # that count went back: the next stepless record starts a new timeline
 
     def _keras(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         """A Keras header (remembered, no record) or batch line (step from its header)."""
@@ -201,10 +215,21 @@ class LineParser:
         planned = float(n * self.keras_epochs) if self.keras_epochs else None
         return epoch_step(self.keras_epoch or 1, b, n), vals, planned
 
+    def _header(self, line: str) -> None:
+        """Remember an "Epoch E/M" line's count; one that went back starts a new run."""
+        m = EPOCH_HEADER.match(line)
+        if m:
+            e = int(m.group(1))
+            if self.header_epoch is not None and e < self.header_epoch:
+                self.rerun = True
+            self.header_epoch = e
+
     def parse(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         if self.user_re is not None:
             return self._parse_user(line)
         self.by_epoch = False
+        if "poch" in line and line.rstrip(" -=:.\r\n")[-1:] in _HEADER_ENDS:
+            self._header(line)
         if self.table is not None:
             rec = self.table.row(line)
             if rec is not None:
@@ -247,9 +272,13 @@ class LineParser:
         vals: List[Tuple[str, float]] = []
         split = split_head(parts[0])
         held: Optional[Tuple[str, str]] = None  # a metric whose value follows its bracket (_opens_index)
-        in_index = False
+        in_index = in_group = False
         for i in range(1, len(parts), 2):
             seg = parts[i - 1]
+            if in_group and not _CLOSERS.isdisjoint(seg):
+                in_group = False
+            elif "oss" in seg and _GROUP.search(seg):
+                in_group = True
             if in_index:
                 if "]" not in seg:
                     continue  # a number inside the bracket: where, not what
@@ -266,6 +295,8 @@ class LineParser:
                 if not raw:
                     raw, name = held  # "](epoch, minibatch):  9.66": the held metric's value
                 held = None
+            if in_group and raw and raw not in STEP_KEYS and raw != "epoch":
+                raw = name = _group_name(raw)
             if split and raw:
                 name = on_split(raw, name)
             if not raw:
@@ -290,6 +321,11 @@ class LineParser:
             vals.append((name, float(tok)))
         if not vals or not known:
             return None
+        if "poch" in line and "/" in line:
+            m = EPOCH_OF.search(line)
+            if m:  # a batch of an epoch: its "Step 100" restarts every epoch, it is not the global step
+                step = self.batches.step(int(m.group(1)), int(m.group(2)))
+                vals = [kv for kv in vals if kv[0] != "batch"]
         if step is None:
             m = EPOCH_ITER.search(line) if "][" in line or "] " in line else None
             if m:
@@ -317,6 +353,11 @@ class LineParser:
                 step = float(self.keras_epoch)  # one summary line per epoch: the epoch is its step
             if step is None and self.strict and config_dump(line):
                 return None
+        if step is None and epoch is None and self.rerun:
+            # the first record of a run logged after another one in the same file: step 0 rewinds
+            # the timeline (a log that names its steps keeps them: by_epoch yields to them)
+            self.rerun, self.by_epoch = False, True
+            return 0.0, vals, planned
         if step is None and epoch is not None:
             self.by_epoch = True
             return epoch, vals, planned

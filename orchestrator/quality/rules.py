@@ -152,7 +152,10 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # resolution at once: the objective went degenerate (MXNet SEC: 0.100427 -> 0.000000)
             k = len(loss) - zeros - 1
             sudden = k >= 0 and isfinite(loss.values[k]) and abs(loss.values[k]) >= ZERO_JUMP
-            sev = "stop" if zeros >= 3 and (gbad or exact or sudden) else "warn" if zeros >= 2 else "info"
+            # two exact zeros straight after a real loss, with the gradient NaN or zero on both: a
+            # collapse three ways at once (ModernBERT 0.2051 -> 0.0, 0.0, grad_norm nan)
+            sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden)
+                   else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
                                                               "subnormal_values": exact, "sudden": sudden},
                                H.COLLAPSE, "loss"))

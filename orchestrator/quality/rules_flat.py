@@ -36,13 +36,19 @@ CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
 # probability underflowed to the clamp (Caffe's SoftmaxWithLoss takes log(max(p, FLT_MIN))): the
 # net is confidently wrong on every sample, a dead softmax. Like ln(K), a value nothing else lands
 # on, so 2 logged steps on it are enough (a short issue paste has 2-5 points)
-SATURATED = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308))
+# The same for the common probability floors of log(max(p, eps)): Keras' epsilon 1e-7, 1e-8, and
+# MXNet's metric floor 1e-10 (a char-rnn's "Train-Perplexity=10000000000.01" is exp(-ln 1e-10))
+SATURATED = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308), -math.log(1e-7),
+             -math.log(1e-8), -math.log(1e-10))
 SATURATED_REL, SATURATED_STEPS = 1e-5, 2
 # a rounded printout (3.0447 with 4+ significant digits, at a level a model still learning sits
 # above) that stays within 2 units of its last digit for 20 logged steps: per-batch losses of a
 # live model differ by far more than 0.01%; the exact-equality test misses it because the print
 # flickers one digit (3.0447, 3.0446, 3.0445)
 PRINT_DIGITS, PRINT_UNITS, PRINT_FROZEN_STEPS = 4, 2, 20
+# a value printed with 5+ significant digits (7.9712) and exactly equal on 8 logged steps: even a
+# rounded print of a live loss moves its 5th digit from one log to the next
+EXACT_DIGITS, EXACT_FROZEN_STEPS = 5, 8
 
 
 def no_learning(run: Run, opts: dict) -> List[Finding]:
@@ -138,6 +144,13 @@ def frozen(s: Series) -> List[Finding]:
     precise = float("%.5g" % last) != last
     ev = {"series": s.name, "value": _r(last), "equal_logs": k, "precise": precise}
     if precise and k >= FROZEN_LOGS:
+        return [finding("frozen", "stop", s.steps[n - k], ev, H.FROZEN, s.name)]
+    if not precise and k >= EXACT_FROZEN_STEPS and last >= LOW_LOSS and _sig_digits(last) >= EXACT_DIGITS \
+            and all(v == last for v in vals[n - k:]) and len(set(s.steps[n - k:])) >= EXACT_FROZEN_STEPS:
+        # 7.9712 on 8 Keras epochs: an average over a whole epoch of batches, printed to 5 digits
+        # and the same print epoch after epoch, is a model whose output no longer depends on its
+        # input (a value logged at full precision has the 12-log rule above)
+        ev["print_digits"] = _sig_digits(last)
         return [finding("frozen", "stop", s.steps[n - k], ev, H.FROZEN, s.name)]
     held = _print_frozen(s)
     if held:  # the reason names the print band first: the exact-equal streak is short here

@@ -25,6 +25,9 @@ from orchestrator.quality.rules import Finding, _exp, _num, _r, finding, point_n
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD = 1e6  # a loss this large is a failure (unless the run started there and is moving)
+# two logs at 100x the level before them: no schedule, batch or warmup bump moves a loss that far
+# (a tiny loss below the floor may: 0.0004 -> 0.05 is a hard batch, not a blow-up)
+EXPLODE, EXPLODE_FLOOR = 100.0, 0.05
 ABSURD_FLAT_LOGS = 30
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
@@ -283,6 +286,30 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
           "blew_up": blew_up, "frozen": frozen, "stuck": stuck}
     sev = "stop" if (blew_up or frozen or grew or stuck) else "info"
     return [finding("absurd_loss", sev, s.steps[k], ev, H.ABSURD, s.name)]
+
+
+def explosion(run: Run, opts: dict) -> List[Finding]:
+    """The last 2 logs at ``EXPLODE``x or more of the level just before them (the median of up to
+    3 earlier logs, at least ``EXPLODE_FLOOR``): a loss that blew up by two orders of magnitude in
+    one log and stayed there (a detection head's class loss 3.9 -> 8705 -> 15800 under fp16
+    overflow). Judged from 4 logs, before any trend rule can (a short paste has 4-10); 2 logs, so
+    never one noisy point; positive losses only (an RL or GAN objective may swing through 0)."""
+    s = run.get("loss") or run.main_loss()
+    if s is None or len(s) < 4:
+        return []
+    vals = s.values
+    a, b = vals[-2], vals[-1]
+    if not (isfinite(a) and isfinite(b)) or min(a, b) <= 0:
+        return []
+    before = [v for v in vals[-5:-2] if isfinite(v)]
+    if len(before) < 2 or min(before) <= 0:
+        return []
+    ref = median(before)
+    if ref < EXPLODE_FLOOR or min(a, b) < EXPLODE * ref:
+        return []
+    return [finding("loss_explosion", "stop", s.steps[-2],
+                    {"series": s.name, "before": _r(ref), "latest": _r(b), "ratio": _r(min(a, b) / ref)},
+                    H.EXPLOSION, s.name)]
 
 
 # which way an eval metric improves, by name; a metric of unknown direction is not judged

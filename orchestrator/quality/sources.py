@@ -77,7 +77,10 @@ def _csv_like(lines: List[str]) -> bool:
         return False
     rows = [ln.split(",") for ln in lines[1:6] if ln.strip()]
     if not rows:
-        return True  # the header alone, rows to come
+        # the header alone, rows to come; but a log's first line of prose with a comma ("Epoch
+        # 400, number of batches completed 57") is no header: a live log is sniffed on its first
+        # line, and a wrong "csv" then reads nothing for the rest of the run
+        return all(" " not in c and not c[-1:].isdigit() for c in head)
     for cells in rows:
         if len(cells) != len(head):
             return False

@@ -159,6 +159,14 @@ KERAS_PAIR = re.compile(r"- ([A-Za-z_][\w/.]*): ([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d
 # MXNet's Speedometer: "Epoch[1] Batch[10]\tSpeed: 29.01 samples/sec\t\tMultiLogisticLoss=0.1" (no
 # batches-per-epoch: ``BatchCounter`` carries the last batch of each epoch into the next)
 MX_BATCH = re.compile(r"Epoch\[(\d+)\]\s*Batch\s*\[(\d+)\]")
+# a line that is only an epoch counter, maybe after a model's name: "Epoch 0/24" (the PyTorch
+# transfer-learning tutorial), "resnet-50 - Epoch 1/100". When its count goes back, the lines
+# after it are a new run logged into the same file, not more of the last one
+EPOCH_HEADER = re.compile(r"(?:[^\n]*?[\s\-:|\]])?[Ee]poch\s*:?\s*\[?\s*(\d+)\s*(?:/|of)\s*(\d+)\s*\]?[\s\-=:.]*\Z")
+# "Epoch [1/5], Step [100/600]" (the PyTorch tutorials), "[Epoch 0/30, Batch 323/1313]", MindYOLO's
+# "Epoch 1/200, Step 100/3995": a batch count out of the epoch's, after the epoch out of the run's
+EPOCH_OF = re.compile(r"[Ee]poch\s*:?\s*\[?\s*(\d+)\s*/\s*\d+\s*\]?\s*[,|\]]?\s*\[?\s*(?:[Bb]atch|[Ii]ter(?:ation)?|"
+                      r"[Ss]tep|[Ii]t)\s*:?\s*\[?\s*(\d+)\s*/\s*(\d+)")
 
 
 class BatchCounter:
@@ -172,8 +180,8 @@ class BatchCounter:
         self.epoch, self.offset, self.last = -1, 0, 0
 
     def step(self, epoch: int, batch: int) -> float:
-        if self.epoch >= 0 and epoch > self.epoch:
-            self.offset += self.last
+        if self.epoch >= 0 and epoch > self.epoch and batch <= self.last:
+            self.offset += self.last  # the count restarted with the epoch (one that did not is global)
         self.epoch, self.last = epoch, batch
         return float(self.offset + batch)
 
@@ -191,4 +199,4 @@ def context_line(text: str) -> bool:
     'val_loss' reached X``): the columnar paths leave these to ``LineParser.parse``, in order."""
     return bool(KERAS_EPOCH.match(text) or KERAS_BATCH.match(text) or EPOCH_BATCHES.search(text)
                 or EPOCH_END.search(text) or ITER_OF.search(text) or KERAS_EPOCH_LINE.match(text)
-                or MX_BATCH.search(text) or ("' reached " in text and "global step" in text))
+                or MX_BATCH.search(text) or EPOCH_OF.search(text) or EPOCH_HEADER.match(text) or ("' reached " in text and "global step" in text))

@@ -7,16 +7,22 @@ strict JSON (a NaN or infinite loss is ``null``).
 Step and loss of running jobs and the host's CPU / RAM line are read by the agent at each
 poll; every active job is shown, finished ones up to ``--finished`` (with a count of the rest),
 each with its latest quality verdict, and a line for every job judged STOP.
+
+Ctrl-C is how one leaves a watch, so it exits 0 (not 130), with or without ``--json``; a
+document being written when it comes is finished first (``whole``), so a script reading the
+stream never gets a torn one.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
+import threading
 import time
-from contextlib import ExitStack
-from typing import Any
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator
 
 import click
 
@@ -248,11 +254,10 @@ def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool
 
     With --fleet, every poll also rebalances the fleet (at most every 10 s): queued jobs move
     off a member that is lost or busy to one with room, each move shown as a line."""
-    from orchestrator.core import agentship
     from orchestrator.core.hosts import watch_targets
-    from orchestrator.core.session import open_session
 
     balancer = None
+    sessions: dict[str, Any] = {}  # opened by _loop
     if fleet is not None:
         from orchestrator.core.fleet_views import Balancer, members
         names = members(fleet, lambda w: click.echo(f"gpurun: warning: {w}", err=True))
@@ -275,22 +280,35 @@ def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool
         from rich.text import Text
         return Group(render(snaps), *[Text(m) for m in moves])
 
-    entries = watch_targets(hosts)
+    try:
+        _loop(watch_targets(hosts), once, as_json, interval, polled, shown, fleet, moves, sessions)
+    except KeyboardInterrupt:
+        # Ctrl-C is how one leaves a watch: exit 0, stdout holding whole documents only
+        click.echo("gpurun: left the watch; jobs keep running on their hosts", err=True)
+
+
+def _loop(entries: list[dict], once: bool, as_json: bool, interval: float, polled: Any, shown: Any,
+          fleet: str | None, moves: list[str], sessions: dict[str, Any]) -> None:
+    """Poll and show until Ctrl-C (or once). ``sessions`` is filled here, for ``polled``."""
+    from orchestrator.core import agentship
+    from orchestrator.core.session import open_session
+
     agentship.build()  # once, here: parallel first calls would race to write the same zipapp
     with ExitStack() as stack:
-        sessions = {e["name"]: stack.enter_context(open_session(host=e)) for e in entries}
+        sessions.update({e["name"]: stack.enter_context(open_session(host=e)) for e in entries})
         if once or as_json:
             while True:
                 snaps = polled()
-                if as_json:
-                    doc = {"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]}
-                    if fleet is not None:  # this poll's moves only: each document says what it saw
-                        doc.update(fleet=fleet, moves=list(moves))
+                with whole():
+                    if as_json:
+                        doc = {"time": iso(time.time()), "hosts": [json_host(h) for h in snaps]}
+                        if fleet is not None:  # this poll's moves only: each document says what it saw
+                            doc.update(fleet=fleet, moves=list(moves))
+                            moves.clear()
+                        emit_strict_json(doc)
+                    else:
+                        console().print(shown(snaps))
                         moves.clear()
-                    emit_strict_json(doc)
-                else:
-                    console().print(shown(snaps))
-                    moves.clear()
                 if once:
                     return
                 time.sleep(interval)
@@ -304,3 +322,20 @@ def watch(hosts: tuple[str, ...], fleet: str | None, interval: float, once: bool
                     live.update(shown(polled()), refresh=True)
         except KeyboardInterrupt:
             out.print("\nleft the watch; jobs keep running on their hosts")
+
+
+@contextmanager
+def whole() -> Iterator[None]:
+    """Ctrl-C held back while one document is written, then raised: stdout gets a document
+    whole or not at all (a script reading the stream never sees a torn one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and previous is signal.default_int_handler:
+            raise KeyboardInterrupt

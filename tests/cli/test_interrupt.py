@@ -1,7 +1,8 @@
-"""Ctrl-C: a real SIGINT to a real ``gpurun`` in the middle of ``queue submit --wait`` and of a
-streaming ``watch --json`` exits 130 with one ``gpurun: interrupted`` line (and what the command
-leaves behind), no traceback and no bare line from click; the note a command leaves for that
-line (``render.on_interrupt``) lives for one invocation of ``main`` only."""
+"""Ctrl-C: a real SIGINT to a real ``gpurun`` in the middle of ``queue submit --wait`` exits 130
+with one ``gpurun: interrupted`` line (and what the command leaves behind), no traceback and no
+bare line from click; ``watch``, which Ctrl-C is the way out of, exits 0 (with --json, whole
+documents only); the note a command leaves for that line (``render.on_interrupt``) lives for one
+invocation of ``main`` only."""
 
 from __future__ import annotations
 
@@ -67,23 +68,36 @@ def test_ctrl_c_in_submit_wait_is_one_line(home, tmp_path):
         gpurun("queue", "cancel", "napper", "napper2")
 
 
-def test_ctrl_c_in_a_streaming_watch_is_one_line(home, tmp_path):
-    p = _start(["watch", "--json", "--interval", "0.5"], tmp_path)
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "plain"])
+def test_ctrl_c_leaves_a_watch_with_exit_0(home, tmp_path, monkeypatch, as_json):
+    """Ctrl-C is how one leaves ``watch``: exit 0 with or without --json, no traceback, and a
+    stream of whole JSON documents (one being written when Ctrl-C came is finished first)."""
+    if not as_json:
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")  # the live view draws now (piped, rich draws at the end)
+    p = _start(["watch", "--interval", "0.5"] + (["--json"] if as_json else []), tmp_path)
     try:
-        first = p.stdout.readline()          # the first document has begun: the loop is running
-        assert first.startswith("{"), first
-        for _ in range(20):                  # indented JSON: read on to its "hosts" key (what is read
-            if '"hosts"' in first:           # here stays in p.stdout's buffer, out of communicate's
-                break                        # reach, and on a loaded machine the next document may
-            first += p.stdout.readline()     # come only after the SIGINT)
-        time.sleep(1.0)
+        first = b""                          # the first poll is shown: the loop is running
+        while b'"hosts"' not in first and b"local" not in first:   # os.read: nothing is left in a
+            chunk = os.read(p.stdout.fileno(), 1 << 16)            # buffer out of communicate's reach
+            assert chunk, p.stderr.read()
+            first += chunk
+        time.sleep(1.2)                      # polls more: Ctrl-C lands mid-poll or mid-write
         out, err = _sigint(p)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130
-    assert err == "gpurun: interrupted\n"    # no note: watch set none (stdout already had its documents)
-    assert "Traceback" not in out and '"hosts"' in first + out
+    assert p.returncode == 0, err
+    assert "Traceback" not in err and "interrupted" not in err, err
+    if as_json:
+        assert err == "gpurun: left the watch; jobs keep running on their hosts\n"
+        text, docs, at = first.decode() + out, [], 0
+        decoder = json.JSONDecoder()
+        while text[at:].strip():             # every document whole, nothing after the last
+            doc, at = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+            docs.append(doc)
+        assert docs and all(d["hosts"][0]["host"] == "local" for d in docs)
+    else:
+        assert "left the watch; jobs keep running on their hosts" in out and err == ""
 
 
 def test_the_note_lasts_one_invocation(home, monkeypatch, capsys):

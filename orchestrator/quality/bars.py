@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
-from orchestrator.quality.readers_text import _KNOWN, _METRICISH, _NUM, NUM_SPLIT, _key_of
+from orchestrator.quality.linekeys import _KNOWN, _METRICISH, _NUM, NUM_SPLIT, _key_of
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import BAR_EPOCH, epoch_step
 

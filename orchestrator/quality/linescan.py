@@ -16,8 +16,9 @@ from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.fastpath import _NUMG
 from orchestrator.quality.bars import bar_pairs, desc_pairs
-from orchestrator.quality.readers_text import (_GLOG, _KNOWN, _METRICISH, BAR, LINE, NUM_SPLIT, TQDM_STEP, LineParser,
-                                               _key_of, context_shape, on_split, split_head)
+from orchestrator.quality.linekeys import (_GLOG, _KNOWN, _METRICISH, NUM_SPLIT, _key_of, context_shape, on_split,
+                                           split_head)
+from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP, LineParser
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
 

@@ -8,172 +8,20 @@ CSV whose header changed, asks the caller for a fresh run (``poll`` returns ``"r
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.cursor import FileCursor
+from orchestrator.quality.linekeys import (_CLOSERS, _GLOG, _GROUP, _HEADER_ENDS, _KNOWN, _METRICISH, NUM_SPLIT,
+                                           PY_WARNING, _group_name, _key_of, _opens_index, config_dump, on_split,
+                                           split_head, unwrap_values)
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
-                                        BatchCounter, context_line, epoch_step, has_epoch_bar)
+                                        BatchCounter, epoch_step, has_epoch_bar)
 from orchestrator.quality.tables import Table, abort_record, checkpoint_record, has_table_head, table_head
 
-# a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C,
-# and not the head of a word (logging's 'root INFO: epoch ...' is no infinite 'root')
-_NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_])))"
-NUM_SPLIT = re.compile(_NUM).split
-_IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
-_STRIP = " \t'\":=[]{}>#"
-_METRICISH = ("loss", "eval", "val", "acc", "wer", "bleu", "rouge", "ppl", "perplex", "f1", "reward")
 CHUNK = 8 << 20
-_NOKEY = ""  # cache marker for "this segment names nothing"
 COUNTING, BAR, LINE = 0, 1, 2  # where a log's steps come from (``LineSource.explicit``)
-# a run's configuration printed once (argparse's ``Namespace(lr=0.001, ...)``, a dataclass or
-# ``k=v, k='adam'`` dump): numbers that are settings, not a point of any series
-_CONFIG_CALL = re.compile(r"\b[A-Za-z_]\w*\(\s*\w+=")
-_CONFIG_PAIR = re.compile(r"\w=\s*(?:True\b|False\b|None\b|'|\"|\[|\()")
-# glog's line head (Caffe, many C++ trainers): "I0413 06:41:54.831998 22206 solver.cpp:242] "
-_GLOG = re.compile(r"[IWEF]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] ")
-
-
-# the words of a sentence between two of its values ("has acc 0.249 and loss 1.386")
-_CONNECTIVES = frozenset({"and", "with", "has", "had", "have", "of", "the", "is", "was", "then", "plus", "its",
-                          "while", "but"})
-# a verb between a metric's name and its value ("Loss is 2.302.", "loss became 0.7")
-_HEADER_ENDS = frozenset("0123456789]")
-_VERBS = frozenset({"is", "was", "are", "were", "became", "becomes", "now", "="})
-# a parenthesised word after a metric's name that says which split it is ("Average Loss (valid)")
-_QUALIFIERS = frozenset({"train", "training", "trn", "val", "valid", "validation", "eval", "evaluation", "test",
-                         "dev"})
-# a Python warning ("data_connector.py:224: PossibleUserWarning: The dataloader, val_dataloader 0,
-# does not have many workers"): prose about the run, its numbers are no metric
-PY_WARNING = re.compile(r"\.py:\d+: [A-Z]\w*Warning: ")
-
-
-# a line that opens with a split's name ("Val epoch 3 has acc 0.249 and loss 1.386", "Test: [10/157]
-# loss 0.33"): its values that name no split are that split's ("loss" is the val loss there)
-_SPLIT_HEADS = frozenset({"val", "valid", "validation", "validating", "eval", "evaluation", "evaluating", "test",
-                          "testing", "dev"})
-_SPLIT_WORDS = _SPLIT_HEADS | {"train", "training", "trn", "tr", "heldout", "holdout"}
-_HEAD_FIRST = frozenset("vVeEtTdD \t[(<>#|-*=")
-_NO_SPLIT = frozenset({"lr", "grad_norm", "loss_scale", "throughput", "iters_per_s", "step_time", "train_time"})
-_WORDS = re.compile(r"[a-z]+")
-
-
-# a value printed as its container: ``tensor(2.3026, device='cuda:0', grad_fn=<NllLossBackward0>)``,
-# ``tensor([nan])``, ``array(0.5, dtype=float32)``, numpy 2's ``np.float32(0.69)``,
-# ``tf.Tensor(2.3, shape=(), dtype=float32)``, ``<tf.Tensor: shape=(), dtype=float32, numpy=2.3>``.
-# The number inside is the value; the wrapper's ``device='cuda:0'`` would read as a config dump.
-_WRAPPED = re.compile(r"(?:\b(?:[A-Za-z_]\w*\.)*(?:tensor|array|Tensor|float(?:16|32|64)?|float_|double)\(\s*\[*\s*%s\s*\]*\s*"
-                      r"(?:\)|,\s*[a-z_]+=(?:[^()\n]|\([^()\n]*\))*\))|<tf\.Tensor: [^<>\n]*?numpy=%s>)" % (_NUM, _NUM))
-_WRAPS = ("tensor(", "array(", "Tensor", "float32(", "float64(", "float16(", "float_(", "double(")
-
-
-# a sentence that names the step before the value: DL4J's ScoreIterationListener ("Score at
-# iteration 60 is 0.0513", its score being the loss it minimises), "loss at step 10 is 2.3"
-_AT_STEP = re.compile(r"\b([A-Za-z][A-Za-z_]{0,30}) at (iteration|iter|step|epoch) (\d+) (?:is|was|=|:) ")
-
-
-def _at_step(m: "re.Match[str]") -> str:
-    name = m.group(1).lower()
-    return "%s %s, %s " % (m.group(2), m.group(3), "loss" if name == "score" else name)
-
-
-def unwrap_values(text: str) -> str:
-    """``text`` with each value printed inside a tensor / array / numpy scalar as the bare number,
-    and "NAME at iteration N is X" as "iteration N, NAME X"."""
-    if " at i" in text or " at s" in text or " at e" in text:
-        text = _AT_STEP.sub(_at_step, text)
-    if not any(w in text for w in _WRAPS):
-        return text  # the common case: one substring scan per wrapper name, no regex
-    return _WRAPPED.sub(lambda m: m.group(1) or m.group(2), text)
-
-
-def split_head(head: str) -> bool:
-    """True when the text before a line's first number opens with a split's name."""
-    if head[:1] not in _HEAD_FIRST:
-        return False  # most lines open with a date, a digit or a brace: no split's name
-    w = head.lstrip(" \t[(<>#|-*=").split(None, 1)
-    return bool(w) and w[0].strip(":[](){}|-,.").lower() in _SPLIT_HEADS
-
-
-def on_split(raw: str, name: str) -> str:
-    """The name of value ``raw`` (canonical ``name``) on a line that opens with a split's name."""
-    if name in _NO_SPLIT or not _SPLIT_WORDS.isdisjoint(_WORDS.findall(raw)):
-        return name  # the LR is the run's; "train_loss" or "val_acc" already says which split
-    return "val_loss" if name == "loss" else "val_" + name
-
-
-def context_shape(segs: Sequence[str]) -> bool:
-    """True for a line shape (its text between numbers) that only ``LineParser.parse`` reads
-    right, line by line in order: steps from earlier lines or from three numbers
-    (``steps.context_line``), or a glog head whose numbers are not metrics."""
-    joined = "0".join(segs)
-    return any(_opens_index(seg) or ("oss" in seg and _GROUP.search(seg)) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
-
-
-def _opens_index(seg: str) -> bool:
-    """True for a metric's name that opens a bracket before its value: ``Loss [1, 100](epoch,
-    minibatch):  9.66``, whose bracket holds where the value was logged, not the value."""
-    if not seg.endswith("[") and not seg.rstrip(" ").endswith("["):
-        return False
-    raw = _key_of(seg)
-    return bool(raw) and raw not in STEP_KEYS and raw != "epoch" and (
-        SYNONYMS.get(raw, raw) in _KNOWN or any(m in raw for m in _METRICISH))
-
-
-# a group of named loss terms: "[Losses: x nan, y nan, ..., cls nan, total nan]" (PyTorch-YOLOv3),
-# "losses: {'box': 0.1, 'total': 0.5}": every name in it, up to the group's close, is a loss term
-_GROUP = re.compile(r"\b[Ll]oss(?:es)?\s*[:=]\s*[\[{(]?\s*['\"]?[A-Za-z_]\w*['\"]?\s*[:=]?\s*\Z")
-_CLOSERS = frozenset("])}|")
-
-
-def _group_name(raw: str) -> str:
-    """A term's name inside a loss group: ``total`` -> ``loss_total`` (``series.role_of``)."""
-    return raw if "loss" in raw else "loss_" + raw
-
-
-def config_dump(line: str) -> bool:
-    """True for a configuration line (``Namespace(lr=0.001, ...)``, ``lr=3e-4, optim='adam'``)."""
-    return "=" in line and bool(_CONFIG_CALL.search(line) or _CONFIG_PAIR.search(line))
-
-
-def _key_of(seg: str) -> str:
-    """Turn the text before a number into a key: ', "train/loss": ' -> 'train/loss'."""
-    for sep in (",", "|", "{", ";", "\t"):
-        i = seg.rfind(sep)
-        if i >= 0:
-            seg = seg[i + 1:]
-    tail = seg.rstrip(" \t")
-    if tail.endswith("#") or tail.endswith("/"):
-        return _NOKEY  # "output #0", "19.4s/20 iters": an index or a ratio's other half, no value
-    k = seg.strip(_STRIP).lower()
-    if not k:
-        return _NOKEY
-    if "  " in k:
-        k = " ".join(k.split())  # "valid  loss" is "valid loss": padding says nothing
-    if k in SYNONYMS or k in STEP_KEYS or k == "epoch":
-        return k
-    if k.endswith(")") and " (" in k:
-        head, _, qual = k[:-1].rpartition(" (")
-        if qual in _QUALIFIERS:  # "average loss (valid)": the qualifier says which loss
-            k = qual + " " + head
-    if " " in k:
-        words = k.split(" ")
-        while len(words) > 1 and words[0] in _CONNECTIVES:
-            del words[0]  # "... 0.249 and loss 1.386": the connective names nothing
-        while len(words) > 1 and words[-1] in _VERBS:
-            del words[-1]  # "Loss is 2.30" (BigDL, MindSpore): the verb between name and value
-        if len(words) == 1:
-            k = words[0]
-            return k if _IDENT.match(k) else _NOKEY
-        k = words[-1].strip(_STRIP)
-        if (k in SYNONYMS or k == "losses") and 1 < len(words) <= 4 and all(w.isalpha() for w in words[:-1]):
-            # "mean center loss", "eval loss": the words before say which loss (``series.role_of``
-            # reads them); only the last word, every such phrase would be the train loss
-            return "_".join(words)
-        if k in SYNONYMS or k in STEP_KEYS:
-            return k
-    return k if _IDENT.match(k) else _NOKEY
 
 
 class LineParser:
@@ -383,7 +231,6 @@ class LineParser:
         return (step, vals, None) if vals else None
 
 
-_KNOWN = set(SYNONYMS.values())
 def _tied(run: Run, marks: Dict[str, int], fast: Dict[str, int]) -> bool:
     """Whether a series got points at one step from both the fast path (``marks`` to ``fast``)
     and the lines it left (after ``fast``)."""

@@ -12,12 +12,14 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median, role_of
+from orchestrator.quality.roles import role_of
+from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median
 from orchestrator.quality.tables import ABORT_SERIES
 
 Finding = Dict[str, object]
 DIV_WARN, DIV_STOP = 1.15, 1.5
 ZERO = 1e-12  # a loss this close to 0 is no loss at all
+ZERO_START_LOGS = 5  # a fresh run's loss logged as exactly 0 this many times from its first log
 ZERO_JUMP = 0.01  # a loss at least this large the log before it reads zero: a collapse, not a floor
 
 
@@ -154,10 +156,17 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             sudden = k >= 0 and isfinite(loss.values[k]) and abs(loss.values[k]) >= ZERO_JUMP
             # two exact zeros straight after a real loss, with the gradient NaN or zero on both: a
             # collapse three ways at once (ModernBERT 0.2051 -> 0.0, 0.0, grad_norm nan)
-            sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden)
+            # zero from the very first log of a fresh run: nothing is learned at step 0, a real
+            # loss starts at ln(K) or so; exactly 0 there is a label or loader bug ("Iteration Loss:
+            # 0.000" from epoch 0 of a 2-class classifier). 5 logs: an RL warmup may log a few zeros
+            start = zeros >= ZERO_START_LOGS and zeros == len(tail) and not run.resumed and (
+                zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
+                grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:]))
+            sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden) or start
                    else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
-                                                              "subnormal_values": exact, "sudden": sudden},
+                                                              "subnormal_values": exact, "sudden": sudden,
+                                                              "from_start": start},
                                H.COLLAPSE, "loss"))
     if grad is not None:
         tail = grad.values[-50:]

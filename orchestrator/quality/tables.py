@@ -20,7 +20,8 @@ import math
 import re
 from typing import List, Optional, Tuple
 
-from orchestrator.quality.series import SYNONYMS, role_of
+from orchestrator.quality.roles import role_of
+from orchestrator.quality.series import SYNONYMS
 from orchestrator.quality.steps import TQDM_STEP, epoch_step
 
 _COL = re.compile(r"[A-Za-z_][\w()/.\-@]*\Z")

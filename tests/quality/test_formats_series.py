@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from orchestrator.cli.main import cli
 from orchestrator.quality.judge import judge
-from orchestrator.quality.series import Run, role_of
+from orchestrator.quality.roles import role_of
+from orchestrator.quality.series import Run
 from orchestrator.quality.sources import Tracker
 
 

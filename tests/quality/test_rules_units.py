@@ -136,6 +136,32 @@ def test_short_pastes_a_saturated_softmax_and_a_flickering_printout_stop():
     assert "frozen" not in codes(judge(run_of([{"loss": x} for x in wide]), {}))
 
 
+def test_short_pastes_an_explosion_an_exact_print_a_probability_floor_and_zeros_stop():
+    # MindYOLO: 11.7, 8.8, then 8712 and 15806: 100x in one log, twice, from 4 logs
+    blow = [11.67, 8.85, 8712.6, 15806.4]
+    assert codes(judge(run_of([{"loss": x} for x in blow]), {})) == {"loss_explosion"}
+    assert "loss_explosion" not in codes(judge(run_of([{"loss": x} for x in blow[:3]]), {}))  # one point
+    assert judge(run_of([{"loss": x} for x in [11.7, 8.8, 8712.6, 9.1]]), {})["verdict"] != "STOP"  # back
+    tiny = [0.0004, 0.0003, 0.05, 0.06]  # a tiny loss below the floor may move 100x on a hard batch
+    assert "loss_explosion" not in codes(judge(run_of([{"loss": x} for x in tiny]), {}))
+    # Keras: 7.9712 printed the same on 8 epochs; 7 epochs, or a 4-digit print, are not enough
+    same = [9.1, 8.4] + [7.9712] * 8
+    assert codes(judge(run_of([{"loss": x} for x in same]), {})) == {"frozen"}
+    assert "frozen" not in codes(judge(run_of([{"loss": x} for x in same[:-1]]), {}))
+    assert "frozen" not in codes(judge(run_of([{"loss": x} for x in [9.1, 8.4] + [7.971] * 8]), {}))
+    # MXNet's perplexity floor: exp(-ln 1e-10) as a perplexity-only log, on 2 logged steps
+    floor = run_of([{"train-perplexity": 10000000000.010738}] * 2)
+    assert codes(judge(floor, {})) == {"saturated_loss"}
+    # a fresh run whose loss is exactly 0 from its first log (a loader bug), 5 times
+    assert codes(judge(run_of([{"loss": 0.0}] * 5), {})) == {"loss_collapse"}
+    assert "loss_collapse" not in codes(judge(run_of([{"loss": 0.0}] * 4), {}))
+    zero_grad = run_of([{"loss": 0.0, "grad_norm": 0.3}] * 6)  # a gradient that flows: no collapse
+    assert "loss_collapse" not in codes(judge(zero_grad, {}))
+    # ModernBERT: 0.2051, then 0.0 twice with the gradient NaN on every log
+    mb = run_of([{"loss": x, "grad_norm": math.nan} for x in (0.2051, 0.0, 0.0)])
+    assert "loss_collapse" in codes(judge(mb, {}))
+
+
 def test_chance_level_needs_five_logged_steps():
     wild = [0.68, 2.46, 5.34, 1.02, 10.7, 1.99, 3.57, 0.687]
     r = run_of([{"loss": v} for v in wild + [0.6931] * 4])

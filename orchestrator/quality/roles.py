@@ -1,0 +1,77 @@
+"""A series' role by the words its key is made of: which key is the train loss, the validation
+loss, the learning rate, the gradient norm, a perplexity standing in for a loss.
+
+Readers keep every key under its own name; a rule asks ``Run.get("loss")`` and the run resolves
+the role here, so ``loss_total``, ``train/loss_ce`` or ``Train-cross-entropy`` are judged as the
+train loss when no key is named exactly that. Stdlib only (shipped to hosts with the agent).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Optional, Tuple
+
+# SYNONYMS renames the keys we know exactly. Every other key keeps its name and may still
+# play a role by the words it is made of: ``loss_total``, ``total_loss``, ``train/loss_ce`` are
+# the train loss when no exact one exists, ``val_bpb`` or ``test/loss`` the validation loss.
+# Roles are resolved when a rule asks (``Run.get``), never by renaming at read time: two keys
+# of one meaning in one run (``loss`` beside ``loss_total``, mmdet's ``loss_cls`` beside
+# ``loss``) would otherwise interleave in one series.
+ROLES = ("loss", "val_loss", "eval_loss", "lr", "grad_norm")
+# a perplexity series stands in for the loss of its split when the log prints no loss at all
+PPL_WORDS = frozenset({"ppl", "perplexity", "pplx"})
+_FROM_PPL = {"loss": "ppl", "val_loss": "val_ppl"}
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+EVAL_WORDS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "heldout", "holdout",
+                        "predict", "prediction"})
+LOSS_WORDS = frozenset({"loss", "losses", "bpb", "nll"})
+# a key with one of these words measures something ABOUT a loss, never the loss itself
+NOT_A_LOSS = frozenset({"scale", "scaler", "scaling", "weight", "weights", "coef", "coeff", "factor", "lambda",
+                        "count", "num", "nan", "nans", "inf", "skip", "skipped", "std", "var", "min", "max",
+                        "time", "ms", "sec", "ratio", "threshold", "thresh", "clip", "best", "delta", "patience"})
+# words that say nothing about WHICH loss: ``train_loss_total`` is still the one train loss
+PLAIN = frozenset({"train", "training", "trn", "tr", "total", "overall", "all", "sum", "mean", "avg", "average",
+                   "step", "batch", "iter", "lm", "main", "objective", "running", "smoothed", "loss", "losses"})
+TOTAL = frozenset({"total", "overall", "sum", "all"})
+NOT_A_RATE = frozenset({"min", "max", "init", "initial", "base", "peak", "warmup", "decay", "factor", "scale",
+                        "scheduler", "finder", "steps"})
+
+
+@lru_cache(maxsize=4096)
+def role_of(key: str) -> Optional[Tuple[str, float]]:
+    """(role, rank) of a series key by the words it is made of, lower rank = better candidate;
+    None when the key plays no role. A canonical name plays its own role at rank -1."""
+    if key in ROLES:
+        return key, -1.0
+    words = set()
+    for w in _WORD.findall(key):
+        w = w.lower()
+        head, loss, tail = w.partition("loss")
+        if loss and w != loss and ({head, tail} - {""} <= PLAIN | EVAL_WORDS | {"s"}
+                                   or (tail in ("", "es") and len(head) >= 3 and head.isalpha())):
+            # "trainloss", "valloss", "multilogisticloss": camelCase lowercased by a reader
+            words.update((head, "loss", "" if tail == "es" else tail))
+        else:
+            words.add(w)
+    words.discard("")
+    xent = "xent" in words or "crossentropy" in words or {"cross", "entropy"} <= words
+    if (xent or words & LOSS_WORDS) and not words & NOT_A_LOSS:
+        if words & EVAL_WORDS:
+            return "val_loss", float(len(words - PLAIN - EVAL_WORDS - LOSS_WORDS))
+        if "loss" not in words and "losses" not in words and not xent:
+            return None  # a train-side bpb / nll is a metric, the train loss is named "loss"
+        # (a cross-entropy is what a classifier or LM minimises: OpenNMT's "xent", MXNet's
+        # "cross-entropy=" are its train loss when the log names no "loss")
+        rest = words - PLAIN
+        return "loss", len(rest) - (0.5 if words & TOTAL else 0.0)
+    if words & PPL_WORDS and not words & NOT_A_LOSS:
+        return ("val_ppl" if words & EVAL_WORDS else "ppl"), float(len(words - PLAIN - EVAL_WORDS - PPL_WORDS))
+    if words & NOT_A_RATE:
+        return None
+    if "lr" in words or {"learning", "rate"} <= words:
+        return "lr", float(len(words - {"lr", "learning", "rate", "train", "optimizer", "opt"}))
+    if "gnorm" in words or (words & {"grad", "grads", "gradient", "gradients"} and words & {"norm", "l2"}):
+        return "grad_norm", float(len(words - {"grad", "grads", "gradient", "gradients", "norm", "l2", "train",
+                                              "total", "global"}))
+    return None

@@ -1,0 +1,124 @@
+"""Console dialects the dev corpus (batch 6) showed the text readers missing (issue 11): a value
+printed inside its tensor or numpy container, "Loss is X" sentences (BigDL, MindSpore), DL4J's
+"Score at iteration N is X", a metric's [epoch, batch] bracket before its value, a "Losses:" group
+of named terms, perplexity-only logs, a cross-entropy named as such, per-epoch batch counters
+("Epoch [1/5], Step [100/600]"), several runs logged one after another into one file, and a prose
+first line with a comma. Each is read line by line (a short file) and, where the shape could be
+taken by the columnar paths, through them too (a file past their 4 KiB threshold)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.quality.judge import judge
+from orchestrator.quality.readers_text import LineParser
+from orchestrator.quality.sources import Tracker, sniff_kind
+
+
+def _run(tmp_path, lines, name="train.log"):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return Tracker([str(p)]).update()
+
+
+@pytest.mark.parametrize("printed, value", [
+    ("tensor(2.3026, device='cuda:0', grad_fn=<NllLossBackward0>)", 2.3026),
+    ("tensor([0.5], device='cuda:0')", 0.5),
+    ("np.float32(0.693)", 0.693),
+    ("tf.Tensor(1.25, shape=(), dtype=float32)", 1.25),
+    ("<tf.Tensor: shape=(), dtype=float32, numpy=1.5>", 1.5),
+    ("array(0.25, dtype=float32)", 0.25),
+])
+def test_a_value_printed_in_its_container_is_the_value(tmp_path, printed, value):
+    run = _run(tmp_path, ["step %d loss: %s lr 0.1" % (i, printed) for i in range(3)])
+    assert list(run.series["loss"].values) == [value] * 3 and list(run.series["lr"].values) == [0.1] * 3
+    # a tensor of two values is no scalar: not read as its first one
+    assert LineParser().parse("step 1 loss: tensor([0.1, 0.2])") is None
+
+
+def test_a_nan_tensor_long_enough_for_the_fast_path_is_a_stop(tmp_path):
+    lines = ["epoch 0 iter %d loss: tensor(%s, device='cuda:0', grad_fn=<NllLossBackward0>)"
+             % (i, "%.4f" % (2.3 - 0.001 * i) if i < 100 else "nan") for i in range(110)]
+    run = _run(tmp_path, lines)
+    assert len(run.series["loss"]) == 110 and math.isnan(run.series["loss"].values[-1])
+    assert judge(run, {})["findings"][0]["code"] == "nonfinite_loss"
+
+
+def test_sentences_name_the_value_after_their_verb(tmp_path):
+    p = LineParser()
+    assert p.parse("epoch: 1 step: 10, loss is 2.3025") == (10.0, [("loss", 2.3025)], None)
+    bigdl = ("2017-01-01 10:00:00 INFO  DistriOptimizer$:1 - [Epoch 1 128/60000][Iteration 8][Wall Clock 1.23s]"
+             " Trained 128 records in 0.1 seconds. Throughput is 1000 records/second. Loss is 2.302.")
+    step, vals, _ = p.parse(bigdl)
+    assert step == 8.0 and ("loss", 2.302) in vals
+    # DL4J: the score is the loss it minimises, and a counter that restarts at 0 and stays NaN is
+    # one run of bad values across the restart
+    dl4j = ["o.d.o.l.ScoreIterationListener - Score at iteration %d is NaN" % i for i in (60, 80, 0)]
+    run = _run(tmp_path, dl4j)
+    assert run.restarts == [0.0] and len(run.series["loss"]) == 1
+    v = judge(run, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["bad_before_restart"] == 2
+
+
+def test_a_bracket_between_a_metric_and_its_value_is_where_not_what(tmp_path):
+    lines = ["Loss [%d, %d](epoch, minibatch):  %.4f" % (1 + i // 3, 100 * (1 + i % 3), 4.6 - 0.05 * i)
+             for i in range(300)]
+    for text in (lines[:6], lines):  # line by line, and through the columnar paths
+        run = _run(tmp_path, text)
+        assert list(run.series["loss"].values)[:3] == [4.6, 4.55, 4.5] and not run.restarts
+
+
+def test_a_losses_group_names_loss_terms_and_its_total_is_the_loss(tmp_path):
+    lines = ["[Epoch 0/30, Batch %d/1313] [Losses: x %s, y 0.2, conf 0.755, cls %s, total %s]"
+             % (b, *(("nan",) * 3 if b > 2 else ("0.1", "0.3", "1.5"))) for b in range(1, 6)]
+    run = _run(tmp_path, lines)
+    assert run.get("loss").name == "loss_total" and list(run.series["loss_total"].steps) == [1, 2, 3, 4, 5]
+    assert "conf" not in run.series and "loss_conf" in run.series
+    assert judge(run, {})["verdict"] == "STOP"
+
+
+def test_a_perplexity_only_log_is_judged_on_ln_ppl(tmp_path):
+    lines = ["[2019-01-01 12:00:00,000 INFO] Step %d/200000; acc: 10.00; ppl: %.2f; lr: 1.00000; 1234/5678 tok/s"
+             % (50 * i, 1234.5 / (1 + i) if i < 30 else 1234.5 * 2.0 ** (i - 28)) for i in range(1, 40)]
+    run = _run(tmp_path, lines)
+    loss = run.get("loss")
+    assert loss is not None and abs(loss.values[0] - math.log(617.25)) < 1e-9
+    v = judge(run, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["series"] in ("loss", "ppl")
+    healthy = _run(tmp_path, ["| epoch %3d | %5d/ 1000 batches | lr 20.00 | ppl %8.2f" % (1 + i // 10, 100 * (i % 10), 300 * 0.97 ** i)
+                              for i in range(60)], "lm.log")
+    assert judge(healthy, {})["verdict"] != "STOP" and len(healthy.get("loss")) == 60
+
+
+def test_a_cross_entropy_is_the_train_loss_when_nothing_is_named_loss(tmp_path):
+    lines = ["INFO:root:Epoch[0] Batch [%d]\tSpeed: 1234.56 samples/sec\taccuracy=0.1\tcross-entropy=%.4f"
+             % (20 * i, 1.0 / i) for i in range(1, 20)]
+    assert _run(tmp_path, lines).get("loss").name == "cross-entropy"
+
+
+def test_per_epoch_batch_counters_and_runs_logged_one_after_another(tmp_path):
+    # the PyTorch tutorials: "Step" restarts every epoch, it is not a restart of the run
+    lines = ["Epoch [%d/5], Step [%d/600], Loss: %.4f" % (e, b, 2.0 / (e * 6 + b / 100.0))
+             for e in range(1, 6) for b in range(100, 700, 100)]
+    run = _run(tmp_path, lines)
+    assert not run.restarts and list(run.series["loss"].steps)[:8] == [100, 200, 300, 400, 500, 600, 700, 800]
+    # three models trained back to back into one log: each "Epoch 1/M" header starts a new timeline
+    runs = []
+    for model in ("resnet-50", "resnet-34", "resnet-18"):
+        for e in range(1, 41):
+            runs += ["%s - Epoch %d/40" % (model, e), "----------", "lr: [0.001]",
+                     "train Loss: %.4f Top-1 Acc: 50.0" % (2.4 / e ** 0.5), "test Loss: %.4f Top-1 Acc: 50.0" % (2.3 / e ** 0.5)]
+    for text in (runs[:220], runs):  # line by line, and through the columnar paths
+        run = _run(tmp_path, text)
+        assert len(run.restarts) == text.count("resnet-34 - Epoch 1/40") + text.count("resnet-18 - Epoch 1/40")
+        assert run.series["loss"].values[0] == 2.4 and judge(run, {})["verdict"] != "STOP"
+
+
+def test_a_prose_first_line_with_a_comma_is_no_csv_header(tmp_path):
+    p = tmp_path / "out.txt"
+    p.write_text("Epoch 400, number of batches completed 57\n")
+    assert sniff_kind(str(p)) == "text"  # a live log sniffed on its first line: not locked into CSV
+    p.write_text("epoch,step,train_loss\n")
+    assert sniff_kind(str(p)) == "csv"  # a header of names alone: rows to come

@@ -1,14 +1,15 @@
 """SSH transport on paramiko (the engine under fabric): verified host keys, connect retries,
-keepalives, ProxyJump, atomic put, and ``sync`` via rsync with tar/SFTP fallbacks.
+keepalives, ProxyJump, the Ctrl-C escape (``_abandon``), and ``sync`` via rsync with tar/SFTP
+fallbacks. Files over SFTP (atomic ``put``, ``get``, the session) are ``ssh_files.SFTPFiles``'.
 
 Only the connection is ever retried; once a command was sent, a lost link is a
 ``TransportError`` and the caller decides (agent verbs are idempotent by design).
 
 One transport may be used by several threads at once (two verbs on one ``AgentClient``):
 exec channels share the connection freely, but opening it is serialized (``_lock``), and so
-is the SFTP session (``_sftp_lock``): paramiko's ``SFTPClient`` reads replies without a
-lock, so a thread waiting for its reply can swallow another thread's, which then waits
-forever.
+is the SFTP session (``_sftp_lock``, ``ssh_files``): paramiko's ``SFTPClient`` reads replies
+without a lock, so a thread waiting for its reply can swallow another thread's, which then
+waits forever.
 """
 
 from __future__ import annotations

@@ -168,9 +168,8 @@ class Daemon:
         runs in 0.3 s, not at the next 2 s tick, and an idle exit comes at its minute, not up
         to a tick later; the daemon wakes no more often than with a fixed tick."""
         now = time.time()
-        wake = now + IDLE_TICK_S
-        if periodic.due:
-            wake = min(wake, min(periodic.due.values()))
+        # past entries are hooks that run at every pass (the final quality checks): not a reason to wake
+        wake = min([now + IDLE_TICK_S] + [due for due in periodic.due.values() if due > now])
         limit = idle_exit_s(config)
         if limit:
             wake = min(wake, max(self.busy_at, last_activity(self.state_dir) or 0.0) + limit)

@@ -30,12 +30,17 @@ def _quality_scan_every(cfg: Dict[str, Any]) -> float:
     return max(0.5, min(cad["scan_s"], cad["first_s"], min(cad["ladder"])))
 
 
+NOTIFY_EVERY_S = 5.0   # the notify pass at the latest this often
+NOTIFY_SOON_S = 1.0    # and this soon after a new event (a failed job, a STOP, a drained queue)
+
+
 class Periodic:
     """The daemon's clock for everything but running jobs; ``run`` is called every loop pass."""
 
     def __init__(self, ctx: AgentContext):
         self.ctx = ctx
         self.due: Dict[str, float] = {}
+        self.notified = (0, 0.0)  # (the newest event id the last notify pass saw, when it ran)
 
     def run(self, now: Optional[float] = None) -> None:
         now = time.time() if now is None else now
@@ -50,7 +55,10 @@ class Periodic:
         # SIGCHLD woke the loop, the runner settled it, and a look at the cursor is one query
         todo = (("final", 0.0, self.final),) if quality_cadence.finals_pending(self.ctx.store) else ()
         for name, every, fn in todo + (("watchdog", interval, self.watchdog), ("quality", q_every, self.quality),
-                                       ("autostop", auto_every, self.autostop), ("notify", 5.0, self.notify)):
+                                       ("autostop", auto_every, self.autostop),
+                                       ("notify", NOTIFY_EVERY_S, self.notify)):
+            if name == "notify" and not self._notify_soon():
+                continue
             if now >= self.due.get(name, 0.0):
                 self.due[name] = now + every
                 try:
@@ -62,7 +70,28 @@ class Periodic:
     def watchdog(self, now: float) -> None:
         watchdog_hook.tick(self.ctx)
 
+    def _newest_event(self) -> int:
+        rows = self.ctx.store.events(0, None, 1, newest=True)
+        return int(rows[0]["id"]) if rows else 0
+
+    def _notify_soon(self) -> bool:
+        """Bring the notify pass forward to ``NOTIFY_SOON_S`` after its last run when an event
+        came since: a failed job is told and a drained queue's "queue done" recorded within a
+        second, not at the next 5 s mark. One look at the events table's newest row; False
+        (and the pass skipped) when that look fails, as a failing hook would."""
+        try:
+            if self._newest_event() > self.notified[0]:
+                self.due["notify"] = min(self.due.get("notify", 0.0), self.notified[1] + NOTIFY_SOON_S)
+        except Exception:
+            sys.stderr.write("periodic notify failed:\n%s" % traceback.format_exc())
+            sys.stderr.flush()
+            return False
+        return True
+
     def notify(self, now: float) -> None:
+        # read first: an event written while this pass runs brings the next one forward (the
+        # pass's own "queue done" too, which costs one more pass that finds nothing new)
+        self.notified = (self._newest_event(), now)
         if not self.ctx.config.get("notify"):
             # nobody to tell, but `queue events` still gets its "queue done" within seconds
             record_queue_done(self.ctx, now)

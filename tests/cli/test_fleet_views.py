@@ -8,7 +8,6 @@ import json
 import os
 import pwd
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -308,6 +307,21 @@ meter_stop:
 """
 
 
+def _no_meter_verb_started(marks: dict) -> None:
+    """No box ran the meter verb, nor started it: ``down`` starts it detached and it waits 2 s
+    before it writes its mark, so a verb started by the command that just returned would be a
+    live ``sh`` whose command line names the mark (no need to wait the 2 s for the file)."""
+    assert not any(m.exists() for m in marks.values())
+    name = next(iter(marks.values())).name.encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+        except OSError:
+            continue   # ended meanwhile
+        assert name not in cmd, cmd
+    assert not any(m.exists() for m in marks.values())
+
+
 def test_down_fleet_asks_once_and_stops_each_verified_member(fleet, rigs, tmp_path: Path):
     from orchestrator import hosts, paths
 
@@ -337,13 +351,14 @@ def test_down_fleet_asks_once_and_stops_each_verified_member(fleet, rigs, tmp_pa
         out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
         assert out == {"box-a": "not stopped: not confirmed; nothing was changed",
                        "box-b": "not stopped: not confirmed; nothing was changed"}
-        time.sleep(3)  # the verb starts after 2 s, detached: had it run, the marks would be there
-        assert not any(m.exists() for m in marks.values())
+        _no_meter_verb_started(marks)
 
         res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--yes")
         assert res.returncode == 0, (res.stdout, res.stderr)
         out = dict(ln.split(": ", 1) for ln in res.stdout.splitlines())
         assert all(v.startswith("stopped: command: started on the host: touch") for v in out.values()), out
+        with pytest.raises(AssertionError):   # the check above sees a verb started, waiting or done
+            _no_meter_verb_started(marks)
         wait_for(lambda: all(m.exists() for m in marks.values()), "both meter verbs ran", 15)
         for m in marks.values():
             m.unlink()
@@ -357,8 +372,7 @@ def test_down_fleet_asks_once_and_stops_each_verified_member(fleet, rigs, tmp_pa
         res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--confirm-fleet", "g")
         assert res.returncode == 3
         assert all(ln.split(": ", 1)[1].startswith("not stopped") for ln in res.stdout.splitlines())
-        time.sleep(3)
-        assert not any(m.exists() for m in marks.values())
+        _no_meter_verb_started(marks)
 
         res = gpurun("down", "--fleet", "f", "--dest", str(dest), "--confirm-fleet", "f", "--json")
         assert res.returncode == 0, (res.stdout, res.stderr)

@@ -18,7 +18,7 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, epoch_step, has_epoch_bar)
-from orchestrator.quality.tables import Table, abort_record, checkpoint_record, has_table_head, table_head
+from orchestrator.quality.tables import Box, Table, abort_record, checkpoint_record, has_table_head, table_head
 
 CHUNK = 8 << 20
 COUNTING, BAR, LINE = 0, 1, 2  # where a log's steps come from (``LineSource.explicit``)
@@ -43,6 +43,7 @@ class LineParser:
         self.table: Optional[Table] = None  # the last column header (``tables``): its rows follow
         self.epoch0 = False  # an "Epoch: [0]" was seen: epochs count from 0 (torchvision)
         self.batches = BatchCounter()  # MXNet's "Epoch[E] Batch[B]"
+        self.box = Box()  # the rows of a boxed table so far (stable-baselines3)
         self.header_epoch: Optional[int] = None  # the last "Epoch E/M" line's E (``_header``)
         self.rerun = False  # that count went back: the next stepless record starts a new timeline
 
@@ -85,6 +86,9 @@ class LineParser:
         if "%|" in line and "{" not in line:
             return None  # tqdm progress bar
         c = line[:1]
+        if (c == "|" and line.rstrip()[-1:] == "|") or (c == "-" and self.box.vals):
+            rec = self.box.line(line)  # a boxed table's row, or its closing rule (``tables.Box``)
+            return None if rec is None else (rec[0], rec[1], None)
         if c in "IWEF" and line[1:5].isdigit():
             m = _GLOG.match(line)
             if m:  # its date, thread and source line are not metrics

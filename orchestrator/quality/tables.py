@@ -8,6 +8,9 @@ Two line shapes that ``key: value`` parsing cannot read (stdlib only; used by ``
   valid_loss error_rate time`` over ``0  0.52  0.41  0.12  00:05``; a printed pandas frame adds
   an index column. A row is read by position against the last header, and only while it has
   exactly the header's columns (an interleaved validation row ``all 200 449 0.8 ...`` is not one).
+* a boxed key/value table, one per logging round (stable-baselines3's ``| train/ |`` section
+  rows ``|    loss            | 0.123 |`` between dashed rules): a record when its closing rule
+  comes, each key under its section (``train/loss``), its step from ``time/total_timesteps``.
 * a trainer's own abort on a non-finite loss (torchvision's reference scripts: ``Loss is inf,
   stopping training``; detectron2: ``Loss became infinite or NaN at iteration=166!``): the last
   word of a run, logged once, after which no loss point follows. It is recorded as a point of
@@ -152,3 +155,39 @@ def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, f
     it = _AT_ITER.search(line)
     v = math.inf if "inf" in m.group(1).lower() and "nan" not in m.group(1).lower() else math.nan
     return (float(it.group(1)) if it else None), [(ABORT_SERIES, v)]
+
+
+_BOX_ROW = re.compile(r"\|\s*([A-Za-z_][^|]*?)\s*\|\s*([^|]*?)\s*\|\s*\Z")
+_BOX_STEPS = ("time/total_timesteps", "time/iterations", "total_timesteps")
+
+
+class Box:
+    """The rows of one boxed table (stable-baselines3's logger), read one line at a time."""
+
+    __slots__ = ("section", "vals")
+
+    def __init__(self) -> None:
+        self.section = ""
+        self.vals: dict = {}
+
+    def line(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
+        """Take one line: a row is kept, the closing rule gives the box's record (None until then)."""
+        if line[:1] == "-":
+            if not self.vals or line.strip("- \t\r\n"):
+                return None
+            vals, self.vals, self.section = self.vals, {}, ""
+            step = next((vals.pop(k) for k in _BOX_STEPS if k in vals), None)
+            return step, [(SYNONYMS.get(k, k), v) for k, v in vals.items()]
+        m = _BOX_ROW.match(line)
+        if m is None:
+            return None
+        key, val = m.group(1).lower(), m.group(2)
+        if not val:
+            self.section = key if key.endswith("/") else key + "/"  # "| train/ |   |": a section
+            return None
+        try:
+            self.vals[self.section + key] = float(val)
+        except ValueError:
+            pass  # a text cell ("| policy | MlpPolicy |")
+        return None
+

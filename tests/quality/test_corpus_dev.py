@@ -14,6 +14,7 @@ The holdout split is never read here. Deterministic, < 60 s on the 2-core CI box
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,14 @@ def _items():
 
 def _onset_step(item: dict, main) -> float:
     """The labelled onset in the run's own steps (``onset_point``: a 1-based index of the logged
-    loss point, for files whose step counter restarts)."""
-    if item.get("onset_point") and main is not None and len(main) >= item["onset_point"]:
-        return main.steps[item["onset_point"] - 1]
+    loss point, for files whose step counter restarts). A file whose counter restarted after its
+    onset keeps only the last timeline: the point index then names no step of it, so no STOP
+    there can be "before the onset" (-inf)."""
+    if item.get("onset_point") and main is not None:
+        if main.dropped:
+            return -math.inf
+        if len(main) >= item["onset_point"]:
+            return main.steps[item["onset_point"] - 1]
     return float(item.get("onset") or 0)
 
 

@@ -2,8 +2,8 @@
 printed inside its tensor or numpy container, "Loss is X" sentences (BigDL, MindSpore), DL4J's
 "Score at iteration N is X", a metric's [epoch, batch] bracket before its value, a "Losses:" group
 of named terms, perplexity-only logs, a cross-entropy named as such, per-epoch batch counters
-("Epoch [1/5], Step [100/600]"), several runs logged one after another into one file, and a prose
-first line with a comma. Each is read line by line (a short file) and, where the shape could be
+("Epoch [1/5], Step [100/600]"), several runs logged one after another into one file, a prose
+first line with a comma, and stable-baselines3's boxed tables. Each is read line by line (a short file) and, where the shape could be
 taken by the columnar paths, through them too (a file past their 4 KiB threshold)."""
 
 from __future__ import annotations
@@ -122,3 +122,18 @@ def test_a_prose_first_line_with_a_comma_is_no_csv_header(tmp_path):
     assert sniff_kind(str(p)) == "text"  # a live log sniffed on its first line: not locked into CSV
     p.write_text("epoch,step,train_loss\n")
     assert sniff_kind(str(p)) == "csv"  # a header of names alone: rows to come
+
+
+def test_a_boxed_table_per_round_is_one_record_at_its_timesteps(tmp_path):
+    box = []
+    for i in range(60):
+        box += ["-" * 41, "| rollout/           |                  |", "|    ep_rew_mean     | %.1f |" % (-1000 + 10 * i),
+                "| time/              |                  |", "|    total_timesteps | %d |" % (2048 * (i + 1)),
+                "| train/             |                  |", "|    loss            | %s |" % (0.5 / (i + 1) if i < 50 else "nan"),
+                "|    policy          | MlpPolicy        |", "-" * 41]
+    for text in (box[:90], box):  # line by line, and through the columnar paths
+        run = _run(tmp_path, text)
+        loss = run.get("loss")
+        assert loss.steps[:2].tolist() == [2048.0, 4096.0] and loss.values[1] == 0.25
+        assert "rollout/ep_rew_mean" in run.series and len(loss) == len(text) // 9
+    assert judge(run, {})["findings"][0]["code"] == "nonfinite_loss"

@@ -113,8 +113,14 @@ class FastPath:
     def _apply(self, shape: Shape, rows: List[Tuple[str, ...]], run: Run, marks: Dict[str, int]) -> bool:
         cols = list(zip(*rows)) if isinstance(rows[0], tuple) else [rows]
         steps = list(map(float, cols[shape.step_col]))
+        saved = None
+        if shape.planned_col >= 0:  # "Iter: [B/N]": a count that may wrap every epoch (``steps.Wrap``)
+            wrap, saved = self.parser.wrap, self.parser.wrap.save()
+            steps = [wrap.step(b, float(n)) for b, n in zip(steps, cols[shape.planned_col])]
         last = run.last_step
         if (last is not None and steps[0] < last) or steps != sorted(steps):
+            if saved is not None:
+                self.parser.wrap.restore(saved)  # the slow path reads these lines again
             return False
         targets = []
         for i, name in enumerate(shape.roles):

@@ -261,7 +261,7 @@ class OrderedScan:
                 continue
             g0, kind, sg, pg, epochs, cols, _ = h
             if kind == STEPPED:
-                step = float(row[sg])
+                step = float(row[sg]) if pg < 0 else parser.wrap.step(float(row[sg]), float(row[pg]))
                 explicit = LINE
             elif kind == EPOCH_BATCH:
                 per = int(row[epochs[1]])

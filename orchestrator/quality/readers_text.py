@@ -17,7 +17,7 @@ from orchestrator.quality.linekeys import (_CLOSERS, _GLOG, _GROUP, _HEADER_ENDS
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
-                                        BatchCounter, epoch_step, has_epoch_bar)
+                                        BatchCounter, Wrap, epoch_step, has_epoch_bar)
 from orchestrator.quality.tables import Box, Table, abort_record, checkpoint_record, has_table_head, table_head
 
 CHUNK = 8 << 20
@@ -44,6 +44,7 @@ class LineParser:
         self.epoch0 = False  # an "Epoch: [0]" was seen: epochs count from 0 (torchvision)
         self.batches = BatchCounter()  # MXNet's "Epoch[E] Batch[B]"
         self.box = Box()  # the rows of a boxed table so far (stable-baselines3)
+        self.wrap = Wrap()  # "Iter: [B/N]" counters that restart every epoch
         self.header_epoch: Optional[int] = None  # the last "Epoch E/M" line's E (``_header``)
         self.rerun = False  # that count went back: the next stepless record starts a new timeline
 
@@ -123,6 +124,7 @@ class LineParser:
         known = not self.strict
         vals: List[Tuple[str, float]] = []
         split = split_head(parts[0])
+        of_step: Optional[float] = None  # the total printed after the step ("Iter: [3800/3877]")
         held: Optional[Tuple[str, str]] = None  # a metric whose value follows its bracket (_opens_index)
         in_index = in_group = False
         for i in range(1, len(parts), 2):
@@ -153,7 +155,7 @@ class LineParser:
                 name = on_split(raw, name)
             if not raw:
                 if prev_key and seg.strip() == "/" and planned is None:
-                    planned = float(parts[i])
+                    planned = of_step = float(parts[i])
                 prev_key = ""
                 continue
             prev_key = ""
@@ -173,6 +175,8 @@ class LineParser:
             vals.append((name, float(tok)))
         if not vals or not known:
             return None
+        if of_step is not None and step is not None:
+            step = self.wrap.step(step, of_step)
         if "poch" in line and "/" in line:
             m = EPOCH_OF.search(line)
             if m:  # a batch of an epoch: its "Step 100" restarts every epoch, it is not the global step
@@ -355,10 +359,12 @@ class LineSource:
             if self.scan is None:
                 from orchestrator.quality.linescan import OrderedScan
                 self.scan = OrderedScan(self.parser)
+            saved = self.parser.wrap.save()
             try:
                 return self.scan.scan(text, run, self)
             except ValueError:
-                pass  # a token the shape regex took for a number is not one: go line by line
+                self.parser.wrap.restore(saved)  # the lines are read again, one by one
+                # (a token the shape regex took for a number is not one: go line by line)
         parser = self.parser
         parse = parser.parse
         add = run.add_record

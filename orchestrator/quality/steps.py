@@ -186,6 +186,39 @@ class BatchCounter:
         return float(self.offset + batch)
 
 
+class Wrap:
+    """Global steps from a counter printed out of its total (``Iter: [3800/3877]``) that may be
+    the batch of an epoch: it then wraps to 0 each epoch with no epoch on the line. A count that
+    goes back is a new epoch when the last one was within one logging gap of the total and the
+    new one within one gap of 0 (3700, 3800 of 3877, then 0); anything else is a restart, as for
+    any step that goes back. State per total, so an eval loop's ``[10/48]`` is its own counter."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state: dict = {}  # total -> [last count, logging gap, offset]
+
+    def step(self, count: float, total: float) -> float:
+        st = self.state.get(total)
+        if st is None:
+            st = self.state[total] = [None, None, 0.0]
+        last, gap, offset = st
+        if last is not None:
+            if count < last:
+                if gap and last + gap >= total and count <= gap:
+                    st[2] = offset = offset + total  # the epoch's end: the next one starts
+            elif count > last:
+                st[1] = count - last
+        st[0] = count
+        return offset + count
+
+    def save(self) -> dict:
+        return {k: list(v) for k, v in self.state.items()}
+
+    def restore(self, saved: dict) -> None:
+        self.state = saved
+
+
 def epoch_step(epoch: int, batch: int, per_epoch: int) -> float:
     """The global step of batch ``batch`` (1-based) of epoch ``epoch`` (1-based) when an epoch
     has ``per_epoch`` batches: ``(epoch - 1) * per_epoch + batch``."""

@@ -3,7 +3,8 @@ printed inside its tensor or numpy container, "Loss is X" sentences (BigDL, Mind
 "Score at iteration N is X", a metric's [epoch, batch] bracket before its value, a "Losses:" group
 of named terms, perplexity-only logs, a cross-entropy named as such, per-epoch batch counters
 ("Epoch [1/5], Step [100/600]"), several runs logged one after another into one file, a prose
-first line with a comma, and stable-baselines3's boxed tables. Each is read line by line (a short file) and, where the shape could be
+first line with a comma, stable-baselines3's boxed tables, and an "Iter: [B/N]" counter that
+wraps to 0 every epoch with no epoch on its line. Each is read line by line (a short file) and, where the shape could be
 taken by the columnar paths, through them too (a file past their 4 KiB threshold)."""
 
 from __future__ import annotations
@@ -137,3 +138,20 @@ def test_a_boxed_table_per_round_is_one_record_at_its_timesteps(tmp_path):
         assert loss.steps[:2].tolist() == [2048.0, 4096.0] and loss.values[1] == 0.25
         assert "rollout/ep_rew_mean" in run.series and len(loss) == len(text) // 9
     assert judge(run, {})["findings"][0]["code"] == "nonfinite_loss"
+
+
+def test_a_count_out_of_its_total_that_wraps_each_epoch_is_not_a_restart(tmp_path):
+    lines = []
+    for e in range(4):
+        lines.append("==>>[2020-04-17 18:32:53] [Epoch=%03d/020] Stage 1" % e)
+        lines += ["  Iter: [%03d/3877]   Freq 143.4   loss_total %.3f   [2020-04-17 18:31:34]" % (b, 5.0 - 0.1 * e - b / 1e4)
+                  for b in range(0, 3877, 100)]
+        lines.append("Test: [ 48/48]  loss %.3f" % (4.0 - 0.1 * e))  # an eval loop's own counter
+    for text in (lines[:50], lines):  # line by line, and through the columnar paths
+        run = _run(tmp_path, text)
+        steps = run.get("loss").steps.tolist()
+        assert not run.restarts and steps == sorted(steps) and steps[39:41] == [3877.0, 3977.0]
+    # a counter that goes back from the middle of its total is a restart from a checkpoint
+    back = ["step %d/10000 loss %.2f" % (s, 3.0 - s / 1e4) for s in (100, 200, 300, 400, 500, 300, 400)]
+    run = _run(tmp_path, back)
+    assert run.restarts == [300.0] and run.get("loss").steps.tolist() == [100, 200, 300, 400]

@@ -296,7 +296,9 @@ def _loop(entries: list[dict], once: bool, as_json: bool, interval: float, polle
     agentship.build()  # once, here: parallel first calls would race to write the same zipapp
     with ExitStack() as stack:
         sessions.update({e["name"]: stack.enter_context(open_session(host=e)) for e in entries})
-        if once or as_json:
+        # piped (`gpurun watch | tee watch.log`): a live view redraws in place and rich only
+        # draws it at the end off a terminal, so each poll is printed whole, one after another
+        if once or as_json or not console().is_terminal:
             while True:
                 snaps = polled()
                 with whole():
@@ -308,6 +310,9 @@ def _loop(entries: list[dict], once: bool, as_json: bool, interval: float, polle
                         emit_strict_json(doc)
                     else:
                         console().print(shown(snaps))
+                        if not once:
+                            console().print("")  # one blank line between two polls' views
+                            sys.stdout.flush()
                         moves.clear()
                 if once:
                     return

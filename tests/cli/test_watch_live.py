@@ -5,6 +5,11 @@ line, and finished jobs beyond ``--finished`` are counted. Real CLI, real local 
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,3 +109,23 @@ def test_host_line_and_finished_count(home, tmp_path):
     assert sorted(j["name"] for j in doc["hosts"][0]["jobs"]) == [f"done{i}" for i in range(7)]
     res = gpurun("watch", "--once", "--finished", "0")
     assert "no jobs" in res.stdout and "and 7 more finished" in res.stdout
+
+
+def test_piped_watch_prints_each_poll_as_it_comes(home, tmp_path):
+    # `gpurun watch | tee log`: a live view off a terminal was drawn only at exit, so the pipe got
+    # nothing for as long as the watch ran; each poll is now printed whole as it comes
+    q = tmp_path / "q.txt"
+    q.write_text("[name=piped] true\n")
+    assert gpurun("queue", "submit", str(q), "--wait").returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "watch", "--interval", "0.5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        seen, deadline = "", time.time() + 30
+        while seen.count("piped") < 2 and time.time() < deadline:
+            if select.select([p.stdout], [], [], max(0.0, deadline - time.time()))[0]:
+                seen += p.stdout.readline()
+        assert seen.count("piped") >= 2 and p.poll() is None, seen  # two polls, still watching
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "Traceback" not in err, err

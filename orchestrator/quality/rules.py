@@ -9,6 +9,7 @@ Every rule reads bounded tail windows, so a check costs the same on a 1M-point r
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
@@ -161,7 +162,8 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # 0.000" from epoch 0 of a 2-class classifier). 5 logs: an RL warmup may log a few zeros
             start = zeros >= ZERO_START_LOGS and zeros == len(tail) and not run.resumed and (
                 zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
-                grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:]))
+                grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:])) and not (
+                objective_moving(run, first))  # GRPO's loss is exactly 0 at first, by construction
             sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden) or start
                    else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
@@ -181,6 +183,26 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             out.append(finding("nonfinite_grad", "info", grad.steps[len(grad) - 1 - bad[::-1].index(True)],
                                {"nonfinite_of_last": nbad, "window": len(tail)}, H.GRAD_NAN_BENIGN, "grad_norm"))
     return out
+
+
+# keys of an RL or preference-tuning run's own progress (TRL's DPO and GRPO, PPO): their loss
+# starts where a dead model's would (DPO at ln 2 by construction, GRPO at exactly 0) and may stay
+# there for a while, so a loss at such a value says nothing while these move
+_PROGRESS_WORDS = ("reward", "margin", "kl")
+
+
+def objective_moving(run: Run, since: float) -> bool:
+    """True when a reward, margin or KL series changed value after step ``since``: an RL or
+    preference objective is learning, whatever its loss reads."""
+    for name, s in run.series.items():
+        low = name.lower()
+        if not any(w in low for w in _PROGRESS_WORDS) or len(s) < 2:
+            continue
+        i = bisect_left(s.steps, since)
+        vals = [v for v in s.values[max(0, i - 1):] if isfinite(v)]
+        if len(vals) >= 2 and max(vals) != min(vals):
+            return True
+    return False
 
 
 def _log_tail(s: Series, n: int) -> Tuple[List[float], List[float]]:

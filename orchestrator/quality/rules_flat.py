@@ -17,7 +17,7 @@ from bisect import bisect_left
 from typing import List, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.rules import Finding, _num, _r, finding, point_noise
+from orchestrator.quality.rules import Finding, _num, _r, finding, objective_moving, point_noise
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 NO_LEARNING_SPAN = 3000  # steps after which an unmoved loss is "no learning"
@@ -254,9 +254,12 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
         i0 = bisect_left(seen.steps, steps[n - k])
         during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
         warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
-    return [finding("chance_stuck", "warn" if warming else "stop", steps[n - k],
+    # DPO's loss is ln 2 by construction until the policy leaves its reference: at ln 2 while the
+    # reward margins move, it is learning
+    moving = K == 2 and objective_moving(run, steps[n - k])
+    return [finding("chance_stuck", "warn" if warming or moving else "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "K": K, "ln_K": _r(target), "logged_steps": distinct,
-                     "lr_warming_up": warming}, H.no_learning(last, run), s.name)]
+                     "lr_warming_up": warming, "objective_moving": moving}, H.no_learning(last, run), s.name)]
 
 
 def chance_eval(s: Series, run: Run) -> List[Finding]:

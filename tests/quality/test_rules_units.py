@@ -162,6 +162,18 @@ def test_short_pastes_an_explosion_an_exact_print_a_probability_floor_and_zeros_
     assert "loss_collapse" in codes(judge(mb, {}))
 
 
+def test_preference_and_rl_losses_at_their_starting_value_are_not_dead_while_rewards_move():
+    # TRL's DPO: the loss is ln 2 by construction until the policy leaves its reference
+    dpo = [{"loss": 0.6931 - 0.00002 * i * i, "rewards/margins": 0.001 * i * i} for i in range(1, 12)]
+    assert judge(run_of(dpo), {})["verdict"] != "STOP"
+    stuck = [{"loss": 0.6931, "rewards/margins": 0.0} for _ in range(1, 12)]  # nothing moves: dead
+    assert "chance_stuck" in codes(judge(run_of(stuck), {}))
+    # TRL's GRPO: the loss is exactly 0 at first (KL 0, advantages centred), even with no grad_norm
+    grpo = [{"loss": 0.0, "reward": 0.2 + 0.01 * i, "kl": 0.0001 * i} for i in range(8)]
+    assert judge(run_of(grpo), {})["verdict"] != "STOP"
+    assert "loss_collapse" in codes(judge(run_of([{"loss": 0.0, "reward": 0.2}] * 8), {}))
+
+
 def test_chance_level_needs_five_logged_steps():
     wild = [0.68, 2.46, 5.34, 1.02, 10.7, 1.99, 3.57, 0.687]
     r = run_of([{"loss": v} for v in wild + [0.6931] * 4])

@@ -24,6 +24,7 @@ from orchestrator.quality import rules as R
 from orchestrator.quality import rules_aux as A
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_level as L
+from orchestrator.quality import rules_short as S
 from orchestrator.quality.series import Run, isfinite
 from orchestrator.quality.sources import Tracker, source_notes
 
@@ -34,7 +35,7 @@ RULES: Dict[str, Callable] = {
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
-    "explosion": L.explosion,
+    "explosion": S.explosion,
 }
 # finding code -> rule that produced it, for codes whose STOP needs confirmation
 TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning": "no_learning",
@@ -62,6 +63,10 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
     findings: List[dict] = []
     for fn in RULES.values():
         findings.extend(fn(run, opts))
+    if final:
+        # a short log's climb is judged once the run has ended: early in a running job, 3 rises
+        # in its first logs are as often the volatile start of a long run (``rules_short``)
+        findings.extend(S.short_climb(run, opts))
     _confirm(run, opts, findings)
     _eval_veto(run, opts, findings)
     _plateau_veto(findings)

@@ -138,6 +138,8 @@ def config_dump(line: str) -> bool:
 
 def _key_of(seg: str) -> str:
     """Turn the text before a number into a key: ', "train/loss": ' -> 'train/loss'."""
+    if seg[-1:] == "\t":
+        seg = seg.rstrip(" \t")  # "training loss:\t\t2.47" (Lasagne): the tabs align the value
     for sep in (",", "|", "{", ";", "\t"):
         i = seg.rfind(sep)
         if i >= 0:

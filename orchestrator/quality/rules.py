@@ -164,11 +164,18 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
                 zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
                 grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:])) and not (
                 objective_moving(run, first))  # GRPO's loss is exactly 0 at first, by construction
+            # or one zero straight after a real loss, the gradient NaN on that log and the one
+            # before (Qwen-VL: 1.0446 then 0.0, grad_norm nan on both): the NaN came first
+            gnan = grad is not None and len(grad) >= 2 and not any(isfinite(v) for v in grad.values[-2:])
+            # or the gradient exactly 0 on the last 2 logs after it had flowed: nothing trains any
+            # more (labels all masked; a GRPO policy collapsed to one output, every advantage 0)
+            gdead = grad is not None and len(grad) >= 3 and grad.values[-1] == 0.0 == grad.values[-2] and any(
+                isfinite(v) and v > 0 for v in grad.values[-50:-2])
             sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden) or start
-                   else "warn" if zeros >= 2 else "info")
+                   or (sudden and gnan) or gdead else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
                                                               "subnormal_values": exact, "sudden": sudden,
-                                                              "from_start": start},
+                                                              "from_start": start, "grad_stopped": gdead},
                                H.COLLAPSE, "loss"))
     if grad is not None:
         tail = grad.values[-50:]

@@ -174,11 +174,20 @@ def throughput(run: Run, opts: dict) -> List[Finding]:
     return []
 
 
+# an RL run's logged loss sums terms of either sign (PPO's total loss adds an entropy bonus and a
+# policy-gradient term that go below 0 by design; GRPO's goes below 0 with its advantages)
+_RL_WORDS = ("reward", "entropy", "value_loss", "policy", "advantage", "kl")
+
+
+def _rl_objective(run: Run) -> bool:
+    return any(any(w in name.lower() for w in _RL_WORDS) for name in run.series)
+
+
 def negative_loss(run: Run, opts: dict) -> List[Finding]:
     if opts.get("loss_bounded_below") is False:
         return []
     s = run.get("loss")
-    if s is None or len(s) < 5:
+    if s is None or len(s) < 5 or _rl_objective(run):
         return []
     first = next((v for v in s.values[:20] if isfinite(v)), None)
     tail = s.values[-3:]

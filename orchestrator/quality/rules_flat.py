@@ -262,6 +262,19 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
                      "lr_warming_up": warming, "objective_moving": moving}, H.no_learning(last, run), s.name)]
 
 
+def _eval_acc_frozen(run: Run, since: float) -> bool:
+    """An eval accuracy series that logged ``CHANCE_STEPS`` values from ``since`` on, all one value."""
+    for name, a in run.series.items():
+        low = name.lower()
+        if "acc" not in low or not low.startswith(("val", "eval", "test", "valid")):
+            continue
+        i = bisect_left(a.steps, since)
+        vals = a.values[i:]
+        if len(vals) >= CHANCE_STEPS and isfinite(vals[0]) and all(v == vals[0] for v in vals):
+            return True
+    return False
+
+
 def chance_eval(s: Series, run: Run) -> List[Finding]:
     """The last ``CHANCE_STEPS`` evals of the eval (or val) loss pinned to one ln(K) to float
     precision while the train loss ``s`` sits within 5% of it: the model predicts a uniform
@@ -273,11 +286,16 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
     last = ev.values[-CHANCE_STEPS:]
     if not all(isfinite(v) and v > 0 for v in last):
         return []
-    K = H.chance_level(last[-1], CHANCE_PINNED)
+    # pinned to float precision; or within the train band (0.15%) while an eval accuracy logged
+    # beside it repeats one value exactly: the model predicts one class on held-out data (Lasagne's
+    # MNIST CNN: validation loss 2.3032-2.3014 = ln 10, accuracy 10.64 % on every epoch)
+    frozen_acc = _eval_acc_frozen(run, ev.steps[len(ev) - CHANCE_STEPS])
+    band = CHANCE_BAND if frozen_acc else CHANCE_PINNED
+    K = H.chance_level(last[-1], band)
     if not K:
         return []
     target = math.log(K)
-    if any(abs(v - target) > CHANCE_PINNED * target for v in last):
+    if any(abs(v - target) > band * target for v in last):
         return []
     tail = [v for v in s.values[-CHANCE_STEPS:] if isfinite(v)]
     if len(tail) < 3 or abs(median(tail) - target) > CHANCE_TRAIN_BAND * target:

@@ -1,6 +1,7 @@
 """Whole-run rules: level shifts and divergence of the main loss measured against the best level
-the run reached (``level_shift``, ``divergence_best``), absurd magnitudes (``absurd_loss``), every
-eval metric worse while the train loss rises (``eval_diverged``), and ``eval_improving``, the
+the run reached (``level_shift``, ``divergence_best``; logs too short for them: ``rules_short``),
+absurd magnitudes (``absurd_loss``), every eval metric worse while the train loss rises
+(``eval_diverged``), and ``eval_improving``, the
 judge's veto that keeps a noisy tiny loss from stopping a run whose eval metric still improves.
 
 Why whole-run: a window rule (``rules.divergence``) compares the last logs with the logs just
@@ -25,9 +26,6 @@ from orchestrator.quality.rules import Finding, _exp, _num, _r, finding, point_n
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD = 1e6  # a loss this large is a failure (unless the run started there and is moving)
-# two logs at 100x the level before them: no schedule, batch or warmup bump moves a loss that far
-# (a tiny loss below the floor may: 0.0004 -> 0.05 is a hard batch, not a blow-up)
-EXPLODE, EXPLODE_FLOOR = 100.0, 0.05
 ABSURD_FLAT_LOGS = 30
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
@@ -288,28 +286,21 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     return [finding("absurd_loss", sev, s.steps[k], ev, H.ABSURD, s.name)]
 
 
-def explosion(run: Run, opts: dict) -> List[Finding]:
-    """The last 2 logs at ``EXPLODE``x or more of the level just before them (the median of up to
-    3 earlier logs, at least ``EXPLODE_FLOOR``): a loss that blew up by two orders of magnitude in
-    one log and stayed there (a detection head's class loss 3.9 -> 8705 -> 15800 under fp16
-    overflow). Judged from 4 logs, before any trend rule can (a short paste has 4-10); 2 logs, so
-    never one noisy point; positive losses only (an RL or GAN objective may swing through 0)."""
-    s = run.get("loss") or run.main_loss()
-    if s is None or len(s) < 4:
-        return []
-    vals = s.values
-    a, b = vals[-2], vals[-1]
-    if not (isfinite(a) and isfinite(b)) or min(a, b) <= 0:
-        return []
-    before = [v for v in vals[-5:-2] if isfinite(v)]
-    if len(before) < 2 or min(before) <= 0:
-        return []
-    ref = median(before)
-    if ref < EXPLODE_FLOOR or min(a, b) < EXPLODE * ref:
-        return []
-    return [finding("loss_explosion", "stop", s.steps[-2],
-                    {"series": s.name, "before": _r(ref), "latest": _r(b), "ratio": _r(min(a, b) / ref)},
-                    H.EXPLOSION, s.name)]
+def _warm_restart(lr: Series, ev_loss: Series, patience: int) -> bool:
+    """The LR jumped x2 or more in one log after it had decayed (SGDR), after the best eval
+    before the last ``patience``: what came after the best is the restart's. A warmup only rises,
+    so it is no restart (an LR warmed up too far is what diverges runs)."""
+    ev = ev_loss.values[:len(ev_loss) - patience]
+    best_at = ev_loss.steps[min(range(len(ev)), key=lambda j: ev[j] if isfinite(ev[j]) else math.inf)]
+    peak = -math.inf
+    prev = None
+    for st, v in zip(lr.steps, lr.values):
+        if not isfinite(v):
+            continue
+        if prev is not None and st > best_at and v > 2 * prev and peak > 1.5 * prev:
+            return True
+        peak, prev = max(peak, v), v
+    return False
 
 
 # which way an eval metric improves, by name; a metric of unknown direction is not judged
@@ -317,24 +308,32 @@ _LOWER = ("loss", "wer", "cer", "perplexity", "ppl", "error", "mse", "mae", "rms
 _HIGHER = ("acc", "f1", "bleu", "rouge", "auc", "precision", "recall", "map", "score", "exact_match")
 _NOT_METRIC = ("runtime", "per_second", "epoch", "samples", "steps", "time", "flos", "tokens")
 PATIENCE = 5  # evals in a row
+TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy loss's best is a lucky log)
 
 
 def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     """STOP when the last ``PATIENCE`` evals of every eval metric whose direction is known are no
     better than that metric's best before them, the eval loss by more than 10%, and the train
-    loss has risen x1.2 over its best: the run got worse on every count (a Whisper fine-tune at
+    loss has risen x1.2 over its best, with no LR rise meanwhile (a warm restart raises both): the run got worse on every count (a Whisper fine-tune at
     LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER never better than at epoch 2, train loss 1.24 -> 2.03).
     One improving metric (WER while eval loss rises) is enough to keep going."""
     train = run.get("loss")
     ev_loss = run.get("eval_loss") or run.get("val_loss")
-    if train is None or ev_loss is None or len(ev_loss) <= PATIENCE:
+    if train is None or ev_loss is None:
+        return []
+    patience = PATIENCE
+    if len(ev_loss) <= patience:
         return []
     _, tv = train.finite_tail(2)
     if len(tv) < 2:
         return []
     tbest = train.low()  # kept on the series as it grows: a check pays for its new points only
-    if not (tbest > 0 and median(tv) >= 1.2 * tbest):
+    if not (tbest > 0 and median(tv) >= TRAIN_RISE * tbest):
         return []
+    since = ev_loss.steps[len(ev_loss) - patience]
+    lr = run.get("lr")
+    if lr is not None and _warm_restart(lr, ev_loss, patience):
+        return []  # an LR that jumped back up after decaying raises both losses for a while
     judged = []
     for name, s in run.series.items():
         low = name.lower()
@@ -344,16 +343,15 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
         if not sign:
             continue
         vals = [v for v in s.values if isfinite(v)]
-        if len(vals) <= PATIENCE:
+        if len(vals) <= patience:
             continue
-        best = min(vals[:-PATIENCE], key=lambda x: sign * x)
+        best = min(vals[:-patience], key=lambda x: sign * x)
         slack = 0.10 * abs(best) if s is ev_loss else 0.0
-        if any(sign * (v - best) <= slack for v in vals[-PATIENCE:]):
+        if any(sign * (v - best) <= slack for v in vals[-patience:]):
             return []  # this metric improved (or the eval loss came within 10%): not every count
         judged.append(name)
     if ev_loss.name not in judged:
         return []
-    step = ev_loss.steps[len(ev_loss) - PATIENCE]
-    return [finding("eval_diverged", "stop", step, {"metrics": sorted(judged)[:6], "evals": PATIENCE,
+    return [finding("eval_diverged", "stop", since, {"metrics": sorted(judged)[:6], "evals": patience,
                                                     "train_recent": _r(median(tv)), "train_best": _r(tbest)},
                     H.EVAL_DIVERGED, ev_loss.name)]

@@ -43,8 +43,11 @@ _HEADS = tuple(re.compile(w + r"(?:[ \t]+[A-Za-z_][\w()/.\-@]*){3,}[ \t]*\r?$", 
                for w in ("Epoch", "epoch"))
 
 ABORT_SERIES = "nonfinite_abort"
-ABORT = re.compile(r"\bloss (?:is|became|was) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?)\b",
-                   re.IGNORECASE)
+ABORT = re.compile(r"\bloss (?:is|in|became|was) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?|not finite|"
+                   r"non-finite)\b", re.IGNORECASE)
+# "Loss is not finite. Skip this training step.": the trainer dropped one step and goes on (its
+# last word, "... Terminate training.", is the abort)
+_SKIPS = re.compile(r"\bskip", re.IGNORECASE)
 _AT_ITER = re.compile(r"\biter(?:ation)?\s*[=:]\s*(\d+)")
 # Lightning's ModelCheckpoint(verbose=True): "Epoch 3, global step 4: 'val_loss' reached 0.15712 (best
 # 0.15712), saving model to ...": the monitored metric, quoted, at a global step
@@ -150,10 +153,11 @@ def checkpoint_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]
 def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
     """(step or None, [(ABORT_SERIES, value)]) for a trainer's abort on a non-finite loss."""
     m = ABORT.search(line)
-    if m is None:
+    if m is None or _SKIPS.search(line, m.end()):
         return None
     it = _AT_ITER.search(line)
-    v = math.inf if "inf" in m.group(1).lower() and "nan" not in m.group(1).lower() else math.nan
+    what = m.group(1).lower()
+    v = math.inf if "inf" in what and "nan" not in what and "finite" not in what else math.nan
     return (float(it.group(1)) if it else None), [(ABORT_SERIES, v)]
 
 

@@ -155,3 +155,14 @@ def test_a_count_out_of_its_total_that_wraps_each_epoch_is_not_a_restart(tmp_pat
     back = ["step %d/10000 loss %.2f" % (s, 3.0 - s / 1e4) for s in (100, 200, 300, 400, 500, 300, 400)]
     run = _run(tmp_path, back)
     assert run.restarts == [300.0] and run.get("loss").steps.tolist() == [100, 200, 300, 400]
+
+
+def test_tab_aligned_values_and_a_trainer_that_stops_on_a_loss_that_is_not_finite(tmp_path):
+    # Lasagne's examples: "  training loss:\t\t2.471961" under "Epoch 1 of 500 took 494.369s"
+    run = _run(tmp_path, ["Epoch %d of 500 took 494.369s\n  training loss:\t\t%.6f\n  validation loss:\t\t%.6f"
+                          % (e, 2.47 - 0.05 * e, 2.30 - 0.01 * e) for e in range(1, 4)])
+    assert run.get("loss").values.tolist() == [2.42, 2.37, 2.32] and len(run.get("val_loss")) == 3
+    p = LineParser()
+    assert p.parse("Loss in not finite. Skip this training step.") is None  # one step dropped, it goes on
+    step, vals, _ = p.parse("Loss in not finite. Terminate training.")
+    assert vals == [("nonfinite_abort", vals[0][1])] and math.isnan(vals[0][1])

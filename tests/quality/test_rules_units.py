@@ -174,6 +174,55 @@ def test_preference_and_rl_losses_at_their_starting_value_are_not_dead_while_rew
     assert "loss_collapse" in codes(judge(run_of([{"loss": 0.0, "reward": 0.2}] * 8), {}))
 
 
+def test_a_short_log_that_ended_climbing_is_a_stop_a_running_one_is_not():
+    climb = [15.5, 13.0, 3.8, 2.39, 1.43, 5.82, 7.05, 10.03]  # a QLoRA run's 8 logs, killed at the end
+    r = run_of([{"loss": x} for x in climb])
+    assert judge(r, {})["verdict"] != "STOP"  # running: the first logs of a long run may be volatile
+    v = judge(r, {}, final=True)
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "divergence_best"
+    for calm in ([15.5, 13.0, 3.8, 2.39, 1.43, 2.0, 2.9, 3.5],  # rose, but below 3x its best
+                 [15.5, 13.0, 3.8, 2.39, 1.43, 5.82, 10.03, 7.05]):  # came back down
+        assert judge(run_of([{"loss": x} for x in calm]), {}, final=True)["verdict"] != "STOP"
+
+
+def test_collapse_seen_in_two_logs_and_no_gradient_after_one_flowed():
+    # Qwen-VL: 1.0446 then 0.0, the gradient NaN on both logs (the NaN came first)
+    assert "loss_collapse" in codes(judge(run_of([{"loss": 1.0446, "grad_norm": math.nan},
+                                                  {"loss": 0.0, "grad_norm": math.nan}]), {}))
+    assert judge(run_of([{"loss": 1.0446, "grad_norm": 2.0}, {"loss": 0.0, "grad_norm": math.nan}]), {}
+                 )["verdict"] != "STOP"  # one NaN gradient is a skipped step
+    # GRPO collapsed to one output: the gradient flowed, then is exactly 0 on two logs, loss 0
+    dead = [{"loss": -0.0447, "grad_norm": 0.30, "reward": 0.5}, {"loss": -0.0078, "grad_norm": 0.0, "reward": 0.1},
+            {"loss": 0.0, "grad_norm": 0.0, "reward": 0.01}]
+    assert "loss_collapse" in codes(judge(run_of(dead), {}))
+    assert judge(run_of(dead[:2]), {})["verdict"] != "STOP"
+
+
+def test_an_eval_accuracy_frozen_at_one_value_pins_an_eval_loss_at_chance():
+    # Lasagne's MNIST CNN: val loss 2.3032-2.3014 (ln 10 = 2.3026), val accuracy 10.64 % every epoch
+    rows = [{"loss": 2.47 - 0.03 * i, "val_loss": 2.3032 - 0.0003 * i, "val_accuracy": 10.64} for i in range(6)]
+    assert "chance_stuck" in codes(judge(run_of(rows), {}))
+    moving = [dict(r, val_accuracy=10.64 + 0.5 * i) for i, r in enumerate(rows)]  # it learns something
+    assert "chance_stuck" not in codes(judge(run_of(moving), {}))
+
+
+def test_an_rl_loss_below_zero_and_a_warm_restart_are_by_design():
+    ppo = [{"loss": 0.36 - 0.05 * i, "value_loss": 0.25, "entropy_loss": -1.41} for i in range(12)]
+    every = ("stop", "warn", "info")
+    assert "negative_loss" not in codes(judge(run_of(ppo), {}), every)
+    assert "negative_loss" in codes(judge(run_of([{"loss": 0.36 - 0.05 * i} for i in range(12)]), {}), every)
+    # every eval worse for 5 evals and the train loss up x1.3, but the LR just restarted (SGDR)
+    rows = [{"loss": 1.0 - 0.05 * i, "val_loss": 1.0 - 0.05 * i, "lr": 0.01 * 0.8 ** i} for i in range(10)]
+    rows += [{"loss": 0.9 + 0.1 * i, "val_loss": 0.9 + 0.1 * i, "lr": 0.01 * 0.8 ** i} for i in range(6)]
+    assert "eval_diverged" not in codes(judge(run_of(rows), {}))
+    # a warmup that only rises is no restart: an LR warmed up too far is what diverges runs
+    warm = [dict(r, lr=0.0001 * (i + 1)) for i, r in enumerate(rows)]
+    assert "eval_diverged" in codes(judge(run_of(warm), {}))
+    assert "eval_diverged" not in codes(judge(run_of(rows), {}))
+    flat_lr = [dict(r, lr=0.001) for r in rows]
+    assert "eval_diverged" in codes(judge(run_of(flat_lr), {}))
+
+
 def test_chance_level_needs_five_logged_steps():
     wild = [0.68, 2.46, 5.34, 1.02, 10.7, 1.99, 3.57, 0.687]
     r = run_of([{"loss": v} for v in wild + [0.6931] * 4])

@@ -1,0 +1,72 @@
+"""Rules for short logs: the 4 to 24 logged points of an issue paste or a run that logs rarely,
+where the trend rules (``rules_level``: 24 logs and more; the window rules: 13) cannot judge yet.
+
+Each asks for more than one point (never a STOP on one noisy log) and for a change no healthy
+run makes in so few logs: a jump of two orders of magnitude that stays (``loss_explosion``), or,
+once the run has ended, three rises in a row to several times the best level
+(``divergence_best``, as its long-log twin names it, so the eval veto and the STOP order treat
+both alike).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from orchestrator.quality import hints as H
+from orchestrator.quality.rules import Finding, _r, finding
+from orchestrator.quality.rules_level import MIN_LOGS
+from orchestrator.quality.series import Run, isfinite, median
+
+# two logs at 100x the level before them: no schedule, batch or warmup bump moves a loss that far
+# (a tiny loss below the floor may: 0.0004 -> 0.05 is a hard batch, not a blow-up)
+EXPLODE, EXPLODE_FLOOR = 100.0, 0.05
+# a climb: the last CLIMB_LOGS logs each above the one before, the first of them CLIMB_FIRST x and
+# the last CLIMB_LAST x the lowest log before the climb (QLoRA: 1.43 -> 5.82, 7.05, 10.03)
+CLIMB_LOGS, CLIMB_FIRST, CLIMB_LAST, CLIMB_MIN = 3, 2.0, 3.0, 6
+
+
+def explosion(run: Run, opts: dict) -> List[Finding]:
+    """The last 2 logs at ``EXPLODE``x or more of the level just before them (the median of up to
+    3 earlier logs, at least ``EXPLODE_FLOOR``): a loss that blew up by two orders of magnitude in
+    one log and stayed there (a detection head's class loss 3.9 -> 8705 -> 15800 under fp16
+    overflow). Judged from 4 logs, before any trend rule can (a short paste has 4-10); 2 logs, so
+    never one noisy point; positive losses only (an RL or GAN objective may swing through 0)."""
+    s = run.get("loss") or run.main_loss()
+    if s is None or len(s) < 4:
+        return []
+    vals = s.values
+    a, b = vals[-2], vals[-1]
+    if not (isfinite(a) and isfinite(b)) or min(a, b) <= 0:
+        return []
+    before = [v for v in vals[-5:-2] if isfinite(v)]
+    if len(before) < 2 or min(before) <= 0:
+        return []
+    ref = median(before)
+    if ref < EXPLODE_FLOOR or min(a, b) < EXPLODE * ref:
+        return []
+    return [finding("loss_explosion", "stop", s.steps[-2],
+                    {"series": s.name, "before": _r(ref), "latest": _r(b), "ratio": _r(min(a, b) / ref)},
+                    H.EXPLOSION, s.name)]
+
+
+def short_climb(run: Run, opts: dict) -> List[Finding]:
+    """An ended run's log too short for ``rules_level.level_shift`` (fewer than ``MIN_LOGS``
+    points, at least ``CLIMB_MIN``) whose last ``CLIMB_LOGS`` logs each rose and sit at
+    ``CLIMB_FIRST``x, then ``CLIMB_LAST``x, the lowest log before them: it ended diverging. The
+    judge asks only on a final check (a running job's first logs may be its volatile start)."""
+    s = run.get("loss") or run.main_loss()
+    if s is None or not CLIMB_MIN <= len(s) < MIN_LOGS:
+        return []
+    vals = s.values
+    climb = vals[-CLIMB_LOGS:]
+    before = [v for v in vals[:-CLIMB_LOGS] if isfinite(v)]
+    if len(before) < 2 or not all(isfinite(v) for v in climb) or min(before) <= 0:
+        return []
+    best = min(before)
+    if not all(b > a for a, b in zip(climb, climb[1:])) or climb[0] < CLIMB_FIRST * best \
+            or climb[-1] < CLIMB_LAST * best or climb[0] <= before[-1]:
+        return []
+    return [finding("divergence_best", "stop", s.steps[len(s) - CLIMB_LOGS],
+                    {"series": s.name, "ratio_to_best": _r(climb[-1] / best), "best_level": _r(best),
+                     "rising_logs": CLIMB_LOGS}, H.LEVEL_SHIFT, s.name)]
+

@@ -201,6 +201,8 @@ class Wrap:
     def step(self, count: float, total: float) -> float:
         st = self.state.get(total)
         if st is None:
+            if len(self.state) >= 64:  # a "/N" that changes on every line is no epoch's length
+                self.state.clear()
             st = self.state[total] = [None, None, 0.0]
         last, gap, offset = st
         if last is not None:

@@ -65,7 +65,10 @@ def test_timeout_and_retry_budget(home, tmp_path):
 
 def test_one_job_per_fake_gpu_with_cuda_visible_devices(home, tmp_path, monkeypatch):
     monkeypatch.setenv("GPURUN_FAKE_GPUS", "2")
-    lines = "".join(f"[name=g{i}] echo $CUDA_VISIBLE_DEVICES; sleep 0.5\n" for i in range(4))
+    # each job prints its GPU and its own process's start and end (the store's started_at/ended_at
+    # are whole seconds, and ended_at is when the exit code was settled, after the next job began)
+    lines = "".join(f"[name=g{i}] echo gpu=$CUDA_VISIBLE_DEVICES t0=$(date +%s.%N); sleep 0.5; echo t1=$(date +%s.%N)\n"
+                    for i in range(4))
     lines += "[name=big gpus=2] echo $CUDA_VISIBLE_DEVICES\n[name=huge gpus=3] echo never\n"
     res = gpurun("queue", "submit", _write(tmp_path, lines), "--wait", "--json")
     jobs = {j["name"]: j for j in json.loads(res.stdout)["jobs"]}
@@ -73,14 +76,16 @@ def test_one_job_per_fake_gpu_with_cuda_visible_devices(home, tmp_path, monkeypa
         assert len(jobs[f"g{i}"]["gpu_ids"]) == 1
     assert jobs["big"]["gpu_ids"] == [0, 1] and "0,1" in open(jobs["big"]["log"]).read()
     assert jobs["huge"]["state"] == "failed" and "needs 3 GPUs" in jobs["huge"]["reason"]
-    # never more than 2 GPU jobs at once: intervals of the four single-GPU jobs overlap at most pairwise
-    spans = sorted((_ts(jobs[f"g{i}"]["started_at"]), _ts(jobs[f"g{i}"]["ended_at"])) for i in range(4))
-    for t, _ in spans:
-        assert sum(1 for a, b in spans if a <= t < b) <= 2
+    # never more than 2 GPU jobs at once, and two at once on different GPUs
+    spans = []
+    for i in range(4):
+        got = dict(w.split("=", 1) for w in open(jobs[f"g{i}"]["log"]).read().split()
+                   if w.startswith(("gpu=", "t0=", "t1=")))
+        spans.append((float(got["t0"]), float(got["t1"]), got["gpu"]))
+    for t, _, gpu in spans:
+        running = [g for a, b, g in spans if a <= t < b]
+        assert len(running) <= 2 and len(set(running)) == len(running), spans
 
-
-def _ts(iso: str) -> float:
-    return time.mktime(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def test_jobs_survive_the_cli_and_the_agent_restart(home, tmp_path):

@@ -95,6 +95,17 @@ class Procs:
         p = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, start_new_session=True)
         assert p.stdout.readline().strip() == b"ready"
         self.procs.append(p)
+        # "ready" comes from the shell; wait for its exec into sleep too, so the process a test
+        # records is the one the watchdog later finds (a loaded box ran a tick in between)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                with open("/proc/%d/comm" % p.pid) as f:
+                    if f.read().strip() == "sleep":
+                        break
+            except OSError:
+                break
+            time.sleep(0.005)
         return p
 
     def close(self) -> None:

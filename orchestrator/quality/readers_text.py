@@ -78,8 +78,8 @@ class LineParser:
         if self.user_re is not None:
             return self._parse_user(line)
         self.by_epoch = False
-        if "poch" in line and line.rstrip(" -=:.\r\n")[-1:] in _HEADER_ENDS:
-            self._header(line)
+        if "poch" in line and ("/" in line or " of " in line) and line.rstrip(" -=:.\r\n")[-1:] in _HEADER_ENDS:
+            self._header(line)  # (the regex only for a line that ends on a count: "Epoch 3/10")
         if self.table is not None:
             rec = self.table.row(line)
             if rec is not None:
@@ -175,13 +175,12 @@ class LineParser:
             vals.append((name, float(tok)))
         if not vals or not known:
             return None
-        if of_step is not None and step is not None:
-            step = self.wrap.step(step, of_step)
-        if "poch" in line and "/" in line:
-            m = EPOCH_OF.search(line)
-            if m:  # a batch of an epoch: its "Step 100" restarts every epoch, it is not the global step
-                step = self.batches.step(int(m.group(1)), int(m.group(2)))
-                vals = [kv for kv in vals if kv[0] != "batch"]
+        m = EPOCH_OF.search(line) if "poch" in line and "/" in line else None
+        if m:  # a batch of an epoch: its "Step 100" restarts every epoch, it is not the global step
+            step = self.batches.step(int(m.group(1)), int(m.group(2)))
+            vals = [kv for kv in vals if kv[0] != "batch"]
+        elif of_step is not None and step is not None:
+            step = self.wrap.step(step, of_step)  # no epoch on the line: the count may still wrap
         if step is None:
             m = EPOCH_ITER.search(line) if "][" in line or "] " in line else None
             if m:

@@ -75,3 +75,15 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
         return "grad_norm", float(len(words - {"grad", "grads", "gradient", "gradients", "norm", "l2", "train",
                                               "total", "global"}))
     return None
+
+
+# keys of an RL or preference-tuning run's own progress (TRL's DPO and GRPO, PPO): their loss
+# starts where a dead model's would (DPO at ln 2 by construction, GRPO at exactly 0)
+PROGRESS_WORDS = ("reward", "margin", "kl")
+# keys only an RL run logs: its loss sums terms of either sign (PPO's entropy bonus and policy term)
+RL_WORDS = PROGRESS_WORDS + ("entropy", "value_loss", "policy", "advantage")
+
+
+def names_with(names, words) -> list:
+    """The series names that hold one of ``words`` (lowercased)."""
+    return [n for n in names if any(w in n.lower() for w in words)]

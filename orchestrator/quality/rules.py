@@ -13,7 +13,7 @@ from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import role_of
+from orchestrator.quality.roles import PROGRESS_WORDS, names_with, role_of
 from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median
 from orchestrator.quality.tables import ABORT_SERIES
 
@@ -192,19 +192,11 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
     return out
 
 
-# keys of an RL or preference-tuning run's own progress (TRL's DPO and GRPO, PPO): their loss
-# starts where a dead model's would (DPO at ln 2 by construction, GRPO at exactly 0) and may stay
-# there for a while, so a loss at such a value says nothing while these move
-_PROGRESS_WORDS = ("reward", "margin", "kl")
-
-
 def objective_moving(run: Run, since: float) -> bool:
     """True when a reward, margin or KL series changed value after step ``since``: an RL or
     preference objective is learning, whatever its loss reads."""
-    for name, s in run.series.items():
-        low = name.lower()
-        if not any(w in low for w in _PROGRESS_WORDS) or len(s) < 2:
-            continue
+    for name in names_with(run.series, PROGRESS_WORDS):
+        s = run.series[name]
         i = bisect_left(s.steps, since)
         vals = [v for v in s.values[max(0, i - 1):] if isfinite(v)]
         if len(vals) >= 2 and max(vals) != min(vals):

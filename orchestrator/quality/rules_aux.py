@@ -9,6 +9,7 @@ import math
 from typing import List, Optional, Tuple
 
 from orchestrator.quality import hints as H
+from orchestrator.quality.roles import RL_WORDS, names_with
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -174,20 +175,11 @@ def throughput(run: Run, opts: dict) -> List[Finding]:
     return []
 
 
-# an RL run's logged loss sums terms of either sign (PPO's total loss adds an entropy bonus and a
-# policy-gradient term that go below 0 by design; GRPO's goes below 0 with its advantages)
-_RL_WORDS = ("reward", "entropy", "value_loss", "policy", "advantage", "kl")
-
-
-def _rl_objective(run: Run) -> bool:
-    return any(any(w in name.lower() for w in _RL_WORDS) for name in run.series)
-
-
 def negative_loss(run: Run, opts: dict) -> List[Finding]:
     if opts.get("loss_bounded_below") is False:
         return []
     s = run.get("loss")
-    if s is None or len(s) < 5 or _rl_objective(run):
+    if s is None or len(s) < 5 or names_with(run.series, RL_WORDS):  # an RL loss may go below 0
         return []
     first = next((v for v in s.values[:20] if isfinite(v)), None)
     tail = s.values[-3:]

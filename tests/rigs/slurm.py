@@ -319,6 +319,17 @@ class SlurmRig:
         (EligibleTime = requeue time + 121 s here), too long for a test."""
         self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
+    def requeue_now(self, job_id: str | int, requeue, timeout: float = 60) -> None:
+        """``requeue()`` an ended job and make it eligible at once. It waits for the job to leave
+        COMPLETING first: a requeue during it is deferred to the end, and a ``StartTime=now``
+        sent before then is overwritten by the requeue's own +121 s (a CI run waited it out)."""
+        self.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                 "OUT_OF_MEMORY"}, timeout)
+        requeue()
+        state = self.wait_state(job_id, {"PENDING", "REQUEUED", "REQUEUE_HOLD", "RUNNING"}, timeout)
+        if state != "RUNNING":
+            self.start_now(job_id)
+
     def log_tail(self, n: int = 40) -> str:
         """The last lines of the daemons' logs (for assertion messages)."""
         out = []

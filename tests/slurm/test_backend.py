@@ -88,9 +88,16 @@ def test_twelve_jobs_on_slurm(slurm_ssh_host: dict, sshd: SshdRig, slurm_cluster
     assert (work / "starts-diverge.txt").read_text() == "start\n"
 
     # scontrol requeue of it: the wrapper's resume gate refuses, the command does not start again
-    ssh_as(sshd, CLEAN_USER, "scontrol requeue %s" % bid["diverge"])
-    slurm_cluster.start_now(bid["diverge"])
-    wait_for("the gate's refusal", lambda: (run_dir / "exit.2").exists(), 90)
+    slurm_cluster.requeue_now(bid["diverge"],
+                              lambda: ssh_as(sshd, CLEAN_USER, "scontrol requeue %s" % bid["diverge"]))
+
+    def refused_yet() -> bool:
+        if (run_dir / "exit.2").exists():
+            return True
+        if slurm_cluster.job_info(bid["diverge"]).get("Reason") == "BeginTime":
+            slurm_cluster.start_now(bid["diverge"])  # a requeue that landed after our StartTime=now
+        return False
+    wait_for("the gate's refusal", refused_yet, 90)
     gate = json.loads((run_dir / "gate.2").read_text())
     assert "quality" in gate["why"]
     refused = wait_for("the refusal event", lambda: [e for e in job_events("diverge", "cluster")

@@ -18,9 +18,11 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, Wrap, epoch_step, has_epoch_bar)
-from orchestrator.quality.tables import Box, Table, abort_record, checkpoint_record, has_table_head, table_head
+from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, has_table_head,
+                                         table_head)
 
 CHUNK = 8 << 20
+_MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
 COUNTING, BAR, LINE = 0, 1, 2  # where a log's steps come from (``LineSource.explicit``)
 
 
@@ -109,6 +111,10 @@ class LineParser:
         if "Warning: " in line and PY_WARNING.search(line):
             return None
         parts = NUM_SPLIT(line)
+        if self.table is None and "/" in line and _MAY_BE_NONFINITE(line):
+            bare = bare_nonfinite_row(line)
+            if bare is not None:
+                return bare[0], bare[1], None
         if len(parts) < 3:
             if len(parts) == 1 and line[:1] in " Eeis":
                 self.table = table_head(line) or self.table

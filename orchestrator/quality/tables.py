@@ -161,6 +161,42 @@ def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, f
     return (float(it.group(1)) if it else None), [(ABORT_SERIES, v)]
 
 
+# a progress row that lost its header line ("   0/272   18/7328   nan   nan   nan   nan   nan   116
+# 0.273", a paste of old yolov3's table): no column is named, so no finite value in it is known to
+# be a loss; but a training row whose values are mostly NaN/Inf says its losses are (a row with
+# one NaN among finite values, a metric not computed yet, says nothing)
+_BARE_ROW = re.compile(r"\s*(\d+)/(\d+)(?:\s+(\d+)/(\d+))?((?:\s+[-+]?[\w.#()]+)+)\s*\Z")
+_NONFINITE = frozenset(("nan", "-nan", "+nan", "inf", "-inf", "+inf", "infinity", "-infinity",
+                        "nan(ind)", "-nan(ind)", "1.#qnan", "-1.#ind", "1.#inf", "-1.#inf"))
+
+
+def bare_nonfinite_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]]]:
+    """(step, [("loss", nan)]) for a headerless progress row whose values are mostly non-finite,
+    None for any other line. The step is epoch * batches + batch (its order is all that matters)."""
+    m = _BARE_ROW.match(line)
+    if m is None:
+        return None
+    bad = n = 0
+    for tok in m.group(5).split():
+        low = tok.lower()
+        if low in _NONFINITE:
+            bad += 1
+            n += 1
+            continue
+        try:
+            float(tok)
+        except ValueError:
+            return None  # a word: a row of something else (a header, a message)
+        n += 1
+    if bad < 2 or 2 * bad < n:
+        return None
+    if m.group(3) is None:
+        step = float(m.group(1))
+    else:
+        step = float(int(m.group(1)) * int(m.group(4)) + int(m.group(3)))
+    return step, [("loss", math.nan)]
+
+
 _BOX_ROW = re.compile(r"\|\s*([A-Za-z_][^|]*?)\s*\|\s*([^|]*?)\s*\|\s*\Z")
 _BOX_STEPS = ("time/total_timesteps", "time/iterations", "total_timesteps")
 

@@ -42,9 +42,6 @@ KNOWN_MISSES = {
     # a slow drift; every rule that catches it (3 evals worse, a x1.1 rise) also STOPs the noisy
     # healthy cgcnn regression (text_cgcnn_regression_healthy_noisy_valid.log)
     "dev7_keras_i5239_cifar10_loss_rises_after_epoch4.log",
-    # headerless yolov3 rows ("0/272  18/7328  nan nan nan nan nan  116  0.273"): no column is named,
-    # so no number is known to be a loss
-    "dev7_ultralytics_yolov3_i215_all_nan_batch18.log",
 }
 
 

@@ -166,3 +166,21 @@ def test_tab_aligned_values_and_a_trainer_that_stops_on_a_loss_that_is_not_finit
     assert p.parse("Loss in not finite. Skip this training step.") is None  # one step dropped, it goes on
     step, vals, _ = p.parse("Loss in not finite. Terminate training.")
     assert vals == [("nonfinite_abort", vals[0][1])] and math.isnan(vals[0][1])
+
+
+def test_a_headerless_progress_row_mostly_nan_is_a_nonfinite_loss(tmp_path):
+    # old yolov3's table pasted without its header line: no column is named
+    rows = ["   0/272     %d/7328       nan       nan       nan       nan       nan       116     0.273" % b
+            for b in range(18, 26)]
+    run = _run(tmp_path, rows)
+    loss = run.get("loss")
+    assert len(loss) == 8 and loss.steps[0] == 18 and all(math.isnan(v) for v in loss.values)
+    assert judge(run, {})["verdict"] == "STOP"
+    p = LineParser()
+    # one NaN among finite values (a metric not computed yet), a word, a finite row: nothing known
+    assert p.parse("   1/10     5/100   0.52   nan   0.31   0.22") is None
+    assert p.parse("   1/10     5/100   nan   nan   skipped") is None
+    assert p.parse("   1/10     5/100   0.52   0.41   0.31   0.22") is None
+    # MSVC's spellings, one counter: its count is the step
+    step, vals, _ = p.parse("  3/100  -nan(ind)  1.#QNAN  12")
+    assert step == 3 and vals[0][0] == "loss" and math.isnan(vals[0][1])

@@ -36,6 +36,7 @@ RULES: Dict[str, Callable] = {
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
+    "worsening": S.worsening,
 }
 # finding code -> rule that produced it, for codes whose STOP needs confirmation
 TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning": "no_learning",

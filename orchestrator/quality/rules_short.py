@@ -5,12 +5,13 @@ Each asks for more than one point (never a STOP on one noisy log) and for a chan
 run makes in so few logs: a jump of two orders of magnitude that stays (``loss_explosion``), or,
 once the run has ended, three rises in a row to several times the best level
 (``divergence_best``, as its long-log twin names it, so the eval veto and the STOP order treat
-both alike).
+both alike), or a run that gets worse on every signal it logs, log after log (``worsening``).
 """
 
 from __future__ import annotations
 
-from typing import List
+from bisect import bisect_right
+from typing import List, Optional
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.rules import Finding, _r, finding
@@ -23,6 +24,9 @@ EXPLODE, EXPLODE_FLOOR = 100.0, 0.05
 # a climb: the last CLIMB_LOGS logs each above the one before, the first of them CLIMB_FIRST x and
 # the last CLIMB_LAST x the lowest log before the climb (QLoRA: 1.43 -> 5.82, 7.05, 10.03)
 CLIMB_LOGS, CLIMB_FIRST, CLIMB_LAST, CLIMB_MIN = 3, 2.0, 3.0, 6
+# worsening: WORSE_RISES rises in a row to WORSE_RATIO x the best log, and every witness logged
+# beside it (an accuracy, a validation loss) worse at the end of the climb than at its start
+WORSE_RISES, WORSE_RATIO = 4, 1.10
 
 
 def explosion(run: Run, opts: dict) -> List[Finding]:
@@ -70,3 +74,60 @@ def short_climb(run: Run, opts: dict) -> List[Finding]:
                     {"series": s.name, "ratio_to_best": _r(climb[-1] / best), "best_level": _r(best),
                      "rising_logs": CLIMB_LOGS}, H.LEVEL_SHIFT, s.name)]
 
+
+
+def _at(run: Run, name: str, step: float) -> Optional[float]:
+    """The last finite value of series ``name`` logged at or before ``step``."""
+    w = run.series[name]
+    i = bisect_right(w.steps, step)
+    while i > 0:
+        i -= 1
+        if isfinite(w.values[i]):
+            return w.values[i]
+    return None
+
+
+def worsening(run: Run, opts: dict) -> List[Finding]:
+    """A short log (``CLIMB_MIN`` to ``MIN_LOGS`` points, where the trend rules cannot judge)
+    whose train loss rose on each of its last ``WORSE_RISES`` logs to ``WORSE_RATIO``x its best,
+    while every accuracy and validation loss logged beside it got worse over the same logs and
+    the learning rate did not rise: the optimiser is undoing the fit (Keras' CIFAR-10 example,
+    epoch-mean loss 1.093 -> 1.104, 1.140, 1.186, 1.214 with accuracy and val loss worse each
+    epoch). One rise is noise, a warmup raises the LR, an overfit run's train loss keeps
+    falling; a noisy run's validation loss or accuracy does not worsen with it, log after log.
+    At least one witness must be logged: a bare loss that climbs 10% proves nothing."""
+    s = run.get("loss") or run.main_loss()
+    if s is None or not CLIMB_MIN <= len(s) < MIN_LOGS:
+        return []
+    vals = s.values
+    climb = vals[-WORSE_RISES - 1:]
+    if not all(isfinite(v) and v > 0 for v in climb) or not all(b > a for a, b in zip(climb, climb[1:])):
+        return []
+    best = min((v for v in vals[:-WORSE_RISES] if isfinite(v)), default=0.0)
+    if best <= 0 or climb[-1] < WORSE_RATIO * best:
+        return []
+    t0, t1 = s.steps[len(s) - WORSE_RISES - 1], s.steps[-1]
+    witnesses = []
+    for name in run.series:
+        low = name.lower()
+        if name == s.name or not len(run.series[name]):
+            continue
+        acc = "acc" in low
+        worse_if = acc or run.get("val_loss") is run.series[name] or run.get("eval_loss") is run.series[name]
+        if not worse_if and not (low.startswith("lr") or low == "learning_rate"):
+            continue
+        a, b = _at(run, name, t0), _at(run, name, t1)
+        if a is None or b is None:
+            continue
+        if not acc and not worse_if:  # the learning rate: a warmup or a restart raises it
+            if b > a:
+                return []
+            continue
+        if (b >= a) if acc else (b <= a):
+            return []  # a witness held or improved: not every signal got worse
+        witnesses.append(name)
+    if not witnesses:
+        return []
+    return [finding("divergence_best", "stop", s.steps[len(s) - 2],
+                    {"series": s.name, "ratio_to_best": _r(climb[-1] / best), "best_level": _r(best),
+                     "rising_logs": WORSE_RISES, "also_worse": witnesses}, H.LEVEL_SHIFT, s.name)]

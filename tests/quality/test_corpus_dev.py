@@ -38,10 +38,6 @@ KNOWN_MISSES = {
     # (ln 1000 = 6.91): a loss above chance after 6,500 steps is a failure for an image classifier
     # but ordinary for a language model with a large vocabulary, and the log does not say which
     "dev6_lucidrains_vit_i35_imagenet_loss_above_chance_acc0.log",
-    # Keras' CIFAR-10 example, 9 epochs: the train loss 13% above its best and the val loss 17%,
-    # a slow drift; every rule that catches it (3 evals worse, a x1.1 rise) also STOPs the noisy
-    # healthy cgcnn regression (text_cgcnn_regression_healthy_noisy_valid.log)
-    "dev7_keras_i5239_cifar10_loss_rises_after_epoch4.log",
 }
 
 

@@ -324,3 +324,33 @@ def test_lr_printed_to_fixed_decimals_rounding_to_zero_is_not_a_stop():
     r.planned_steps = 6000
     f = [f for f in A.lr_schedule(r, {}) if f["code"] == "lr_zero"]
     assert f and f[0]["severity"] == "warn" and f[0]["evidence"]["rounded_print"]
+
+
+# --- a short log getting worse on every signal (rules_short.worsening) ------------------------
+
+# Keras' CIFAR-10 example by epoch: the fit improves for 4 epochs, then is undone
+_LOSS = [1.587, 1.217, 1.120, 1.093, 1.104, 1.140, 1.186, 1.214, 1.237]
+_ACC = [0.424, 0.571, 0.611, 0.629, 0.629, 0.620, 0.611, 0.603, 0.595]
+_VAL = [1.281, 1.039, 0.959, 0.948, 0.999, 1.042, 1.117, 1.102, 1.114]
+
+
+def test_a_short_log_worse_on_every_signal_log_after_log_is_a_stop():
+    rows = [{"loss": l, "acc": a, "val_loss": v} for l, a, v in zip(_LOSS, _ACC, _VAL)]
+    v = judge(run_of(rows[:8]), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["also_worse"] == ["acc", "val_loss"]
+    # one log earlier, 3 rises: not yet (a blip of 3 is noise)
+    assert "divergence_best" not in codes(judge(run_of(rows[:7]), {}))
+
+
+@pytest.mark.parametrize("change", ["val_improves", "lr_warms_up", "no_witness", "small_rise"])
+def test_look_alikes_of_a_worsening_short_log_are_not_stopped(change):
+    rows = [{"loss": l, "acc": a, "val_loss": v} for l, a, v in zip(_LOSS, _ACC, _VAL)]
+    if change == "val_improves":  # overfitting's mirror: the held-out loss still falls
+        rows = [dict(r, val_loss=1.3 - 0.05 * i) for i, r in enumerate(rows)]
+    elif change == "lr_warms_up":  # a rising LR raises the loss on purpose
+        rows = [dict(r, lr=1e-4 * (i + 1)) for i, r in enumerate(rows)]
+    elif change == "no_witness":
+        rows = [{"loss": r["loss"]} for r in rows]
+    else:  # 4 rises, 3% above the best: noise of an epoch mean
+        rows = [dict(r, loss=1.093 + 0.0075 * (i - 3) if i > 3 else r["loss"]) for i, r in enumerate(rows)]
+    assert "divergence_best" not in codes(judge(run_of(rows), {}))

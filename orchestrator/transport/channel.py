@@ -68,7 +68,9 @@ def pump(chan, stdin, timeout: float | None, name: str) -> RunResult:
         pending = bytes(stdin)
     elif stdin is not None:
         source = stdin
-    if not pending and source is None:
+    # no input: the command reads /dev/null (``ssh._guarded``) and is sent no EOF, which could
+    # race the box's CLOSE; empty input: EOF now (the box drains its stdin until it comes)
+    if stdin is not None and not pending and source is None:
         chan.shutdown_write()
     chan.setblocking(False)
     quiet_since: float | None = None

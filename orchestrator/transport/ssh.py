@@ -56,6 +56,23 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "".join(parts)
 
 
+def _guarded(command: str, has_input: bool) -> str:
+    """``command`` wrapped so the box never closes the channel before our EOF reaches it.
+
+    paramiko builds a channel's EOF under the channel's lock but sends it after; when the
+    command exits first, its transport thread can answer the box's CLOSE in between, and the
+    EOF then follows our CLOSE: OpenSSH drops the whole connection on that ("ieof packet
+    referred to nonexistent channel", paramiko #1115 / #1705), and with it every other
+    command sharing it (a CI run lost 3 of 8 concurrent verbs so). So a command given no input
+    reads /dev/null and is sent no EOF at all (``channel.pump``); one given input has the rest
+    of it drained after it exits (the agent-missing branch exits without reading its request),
+    so the box closes only after our EOF. POSIX sh, as every command gpurun sends."""
+    if not has_input:
+        return "{ %s\n} </dev/null" % command
+    # a subshell: an ``exit`` in the command (the agent-missing branch) must not skip the drain
+    return "( %s\n); __gpurun_rc=$?; cat >/dev/null; exit $__gpurun_rc" % command
+
+
 class SSHTransport(SFTPFiles):
     """The Transport contract over one SSH connection, opened lazily and reused (its files over
     SFTP: ``SFTPFiles``)."""
@@ -248,7 +265,7 @@ class SSHTransport(SFTPFiles):
         try:
             chan = self._channel()
             try:
-                chan.exec_command(command)
+                chan.exec_command(_guarded(command, stdin is not None))
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 self._drop()
                 raise TransportError(f"{self.name}: link lost while starting a command: "

@@ -57,3 +57,27 @@ def test_eight_verbs_at_once_push_the_agent_once(ssh_host, home):
     bin_dir = Path(ssh_host["state_dir"]).expanduser() / "bin"
     assert [p.name for p in bin_dir.glob("*.pyz")] != []
     assert not [p.name for p in bin_dir.iterdir() if ".gpurun-" in p.name]  # no torn upload
+
+
+@pytest.mark.parametrize("command, code", [("exit 97", 97), ("true", 0), ("head -c 10 >/dev/null; exit 3", 3)])
+def test_a_command_given_input_reads_all_of_it_before_the_box_can_close(command, code):
+    """The guard behind the fix: a command that exits without reading its input (the agent-missing
+    branch) still has all of it read, so sshd cannot close the channel before our EOF arrives;
+    its exit code is kept. A real ``sh`` and a real pipe, bigger than the pipe's buffer: without
+    the drain the writer gets EPIPE."""
+    import subprocess
+
+    from orchestrator.transport.ssh import _guarded
+
+    proc = subprocess.Popen(["sh", "-c", _guarded(command, True)], stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(b"x" * (1 << 20))  # raises BrokenPipeError if nothing reads it
+    proc.stdin.close()
+    assert proc.wait(10) == code
+    # given no input, the command reads /dev/null: it never waits for an EOF we do not send
+    quiet = subprocess.Popen(["sh", "-c", _guarded("cat; exit 5", False)], stdin=subprocess.PIPE)
+    try:
+        assert quiet.wait(10) == 5  # its stdin pipe still open: we never closed it
+    finally:
+        quiet.kill()
+        quiet.stdin.close()  # type: ignore[union-attr]

@@ -126,6 +126,15 @@ def _onset_index(item: dict, steps: List[float]) -> Optional[int]:
     return None
 
 
+def _early(first_stop: dict, item: dict, oi: int) -> bool:
+    """The first STOP came before the onset. A STOP made before any main loss point was read (the
+    trainer's own abort line, "Loss became infinite or NaN at iteration=27!", comes before the
+    loss dict it prints) cannot be placed by points: its step is compared with the onset's."""
+    if first_stop["main_points"] == 0 and first_stop.get("step") is not None and item.get("onset") is not None:
+        return float(first_stop["step"]) < float(item["onset"])
+    return first_stop["main_points"] - 1 < oi
+
+
 def score_file(d: str, item: dict, max_checks: int) -> dict:
     src = os.path.join(d, item["file"])
     total = count_points(src)
@@ -162,12 +171,12 @@ def score_file(d: str, item: dict, max_checks: int) -> dict:
         res["onset_index"] = oi
         if first_stop is None:
             res["outcome"] = "MISS"
-        elif oi is not None and first_stop["main_points"] - 1 < oi:
+        elif oi is not None and _early(first_stop, item, oi):
             res["outcome"] = "EARLY_STOP"
         else:
             res["outcome"] = "HIT"
             if oi is not None:
-                res["latency_points"] = first_stop["main_points"] - 1 - oi
+                res["latency_points"] = max(0, first_stop["main_points"] - 1 - oi)
                 res["latency_checks"] = _checks_after(mains, checks_at_stop or 0, oi)
     elif exp == "NOT_STOP":
         res["outcome"] = "FALSE_STOP" if first_stop else "OK"

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import context_line
+from orchestrator.quality.tables import DARKNET
 
 # a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C,
 # and not the head of a word (logging's 'root INFO: epoch ...' is no infinite 'root')
@@ -107,6 +108,8 @@ def context_shape(segs: Sequence[str]) -> bool:
     joined = "0".join(segs)
     if segs[0].startswith("|") and segs[-1].rstrip().endswith("|") and len(segs) == 2:
         return True  # a boxed table's row: its key is before a "|" (``tables.Box``)
+    if " avg" in joined and " rate" in joined and DARKNET.match(joined):
+        return True  # darknet's "N: loss, avg avg, lr rate": names after values (``tables``)
     return any(_opens_index(seg) or ("oss" in seg and _GROUP.search(seg)) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
 
 

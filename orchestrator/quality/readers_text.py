@@ -18,8 +18,8 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, Wrap, epoch_step, has_epoch_bar)
-from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, has_table_head,
-                                         table_head)
+from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, darknet_record,
+                                         has_table_head, table_head)
 
 CHUNK = 8 << 20
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
@@ -108,6 +108,10 @@ class LineParser:
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:
                 return ab[0], ab[1], None
+        if " avg" in line and " rate" in line:
+            dk = darknet_record(line)
+            if dk is not None:
+                return dk[0], dk[1], None
         if "Warning: " in line and PY_WARNING.search(line):
             return None
         parts = NUM_SPLIT(line)

@@ -21,6 +21,9 @@ Finding = Dict[str, object]
 DIV_WARN, DIV_STOP = 1.15, 1.5
 ZERO = 1e-12  # a loss this close to 0 is no loss at all
 ZERO_START_LOGS = 5  # a fresh run's loss logged as exactly 0 this many times from its first log
+# a log that starts mid-run (a paste, a resumed run) may have memorised its data before: only
+# a longer run of zeros, all it shows, with no gradient flowing, says nothing is learned
+ZERO_SEEN_LOGS = 8
 ZERO_JUMP = 0.01  # a loss at least this large the log before it reads zero: a collapse, not a floor
 
 
@@ -159,8 +162,9 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # collapse three ways at once (ModernBERT 0.2051 -> 0.0, 0.0, grad_norm nan)
             # zero from the very first log of a fresh run: nothing is learned at step 0, a real
             # loss starts at ln(K) or so; exactly 0 there is a label or loader bug ("Iteration Loss:
-            # 0.000" from epoch 0 of a 2-class classifier). 5 logs: an RL warmup may log a few zeros
-            start = zeros >= ZERO_START_LOGS and zeros == len(tail) and not run.resumed and (
+            # 0.000" from epoch 0 of a 2-class classifier). 5 logs: an RL warmup may log a few zeros;
+            # a log that starts mid-run: 8 (detectron2's "total_loss: 0" on every log it shows)
+            start = zeros >= (ZERO_SEEN_LOGS if run.resumed else ZERO_START_LOGS) and zeros == len(tail) and (
                 zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
                 grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:])) and not (
                 objective_moving(run, first))  # GRPO's loss is exactly 0 at first, by construction

@@ -56,7 +56,7 @@ def no_learning(run: Run, opts: dict) -> List[Finding]:
     s = run.get("loss") or run.main_loss()
     if s is None or not len(s):
         return []
-    out = chance_stuck(s, run) or chance_eval(s, run) or saturated(s) or frozen(s)
+    out = chance_stuck(s, run) or chance_eval(s, run) or saturated(s, run) or frozen(s)
     if out and out[0]["severity"] == "stop":
         return out
     return out + flat_start(s, run)
@@ -211,9 +211,11 @@ def _streak_at(s: Series, target: float, rel: float) -> Tuple[int, int]:
     return k, distinct
 
 
-def saturated(s: Series) -> List[Finding]:
+def saturated(s: Series, run: Run) -> List[Finding]:
     """The last ``SATURATED_STEPS`` logged steps at -ln(FLT_MIN) (or -ln(DBL_MIN)): a dead
-    softmax (``SATURATED``)."""
+    softmax (``SATURATED``). One logged step is enough when an accuracy logged at that step is
+    exactly 0: two witnesses of one dead output (Caffe's "loss = 87.3365" with "accuracy = 0"),
+    as ``rules._witnessed`` takes a NaN with a second NaN beside it."""
     vals, steps = s.values, s.steps
     last = vals[-1]
     if not isfinite(last):
@@ -223,7 +225,7 @@ def saturated(s: Series) -> List[Finding]:
         return []
     k, distinct = _streak_at(s, target, SATURATED_REL)
     n = len(vals)
-    if distinct < SATURATED_STEPS:
+    if distinct < SATURATED_STEPS and not _acc_zero_at(run, steps[-1]):
         return []
     return [finding("saturated_loss", "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "saturation": _r(target), "logged_steps": distinct},
@@ -260,6 +262,14 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
     return [finding("chance_stuck", "warn" if warming or moving else "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "K": K, "ln_K": _r(target), "logged_steps": distinct,
                      "lr_warming_up": warming, "objective_moving": moving}, H.no_learning(last, run), s.name)]
+
+
+def _acc_zero_at(run: Run, step: float) -> bool:
+    """An accuracy series (any split) logged exactly 0 at ``step``."""
+    for name, a in run.series.items():
+        if "acc" in name.lower() and len(a) and a.steps[-1] == step and a.values[-1] == 0.0:
+            return True
+    return False
 
 
 def _eval_acc_frozen(run: Run, since: float) -> bool:

@@ -161,6 +161,23 @@ def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, f
     return (float(it.group(1)) if it else None), [(ABORT_SERIES, v)]
 
 
+# darknet's per-batch line: " 2267: 1.52, 1.61 avg, 0.001000 rate, 3.43 seconds, 145088 images"
+# (AlexeyAB: "... avg loss, ..."): the batch's loss, its running mean, the learning rate
+DARKNET = re.compile(r"\s*(\d+): *([-+\w.]+), *([-+\w.]+) avg(?: loss)?, *([-+\w.]+) rate\b")
+
+
+def darknet_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]]]:
+    """(iteration, [loss, avg_loss, lr]) of a darknet training line, None for any other line."""
+    m = DARKNET.match(line)
+    if m is None:
+        return None
+    try:
+        vals = [("loss", float(m.group(2))), ("avg_loss", float(m.group(3))), ("lr", float(m.group(4)))]
+    except ValueError:
+        return None
+    return float(m.group(1)), vals
+
+
 # a progress row that lost its header line ("   0/272   18/7328   nan   nan   nan   nan   nan   116
 # 0.273", a paste of old yolov3's table): no column is named, so no finite value in it is known to
 # be a loss; but a training row whose values are mostly NaN/Inf says its losses are (a row with

@@ -184,3 +184,18 @@ def test_a_headerless_progress_row_mostly_nan_is_a_nonfinite_loss(tmp_path):
     # MSVC's spellings, one counter: its count is the step
     step, vals, _ = p.parse("  3/100  -nan(ind)  1.#QNAN  12")
     assert step == 3 and vals[0][0] == "loss" and math.isnan(vals[0][1])
+
+
+def test_darknet_lines_name_their_values_after_them(tmp_path):
+    # " N: loss, avg avg, lr rate, ..." (pjreddie) and "... avg loss, ..." (AlexeyAB), among
+    # "Region" lines whose -nan is normal (no box in that layer)
+    lines = []
+    for i in range(1, 200):
+        lines.append("Region 82 Avg IOU: -nan, Class: -nan, Obj: -nan, No Obj: 0.0005, count: 0")
+        lines.append(" %d: %.4f, %.4f avg loss, 0.001000 rate, 3.4 seconds, %d images" % (i, 3 - i / 100, 3, 64 * i))
+    run = _run(tmp_path, lines)
+    assert len(run.get("loss")) == 199 and run.get("lr").values[-1] == 0.001 and "avg_loss" in run.series
+    assert judge(run, {})["verdict"] != "STOP"
+    one = _run(tmp_path, [" 2267: nan, nan avg, 0.001000 rate, 3.430528 seconds, 145088 images"], "nan.log")
+    v = judge(one, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["step"] == 2267  # two NaN witnesses on one line

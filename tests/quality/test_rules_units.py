@@ -354,3 +354,21 @@ def test_look_alikes_of_a_worsening_short_log_are_not_stopped(change):
     else:  # 4 rises, 3% above the best: noise of an epoch mean
         rows = [dict(r, loss=1.093 + 0.0075 * (i - 3) if i > 3 else r["loss"]) for i, r in enumerate(rows)]
     assert "divergence_best" not in codes(judge(run_of(rows), {}))
+
+
+def test_a_saturated_softmax_loss_with_accuracy_0_beside_it_is_a_stop_on_one_step():
+    # Caffe: "Iteration 20, loss = 87.3365" (-ln FLT_MIN) with "accuracy = 0" at that iteration
+    rows = [{"loss": 21.4058, "accuracy": 0.754905}, {"loss": 87.3365, "accuracy": 0.0}]
+    assert "saturated_loss" in codes(judge(run_of(rows), {}))
+    # the same value once, accuracy still above 0: one point, no second witness
+    rows[1]["accuracy"] = 0.31
+    assert "saturated_loss" not in codes(judge(run_of(rows), {}))
+
+
+@pytest.mark.parametrize("n, stop", [(9, True), (6, False)])
+def test_exact_zero_on_every_log_of_a_log_that_starts_mid_run(n, stop):
+    r = Run("mem")
+    for i in range(n):  # detectron2's "iter: 6739  total_loss: 0": no first log seen
+        r.add_record(6739 + 20 * i, [("total_loss", 0.0), ("lr", 0.0036 - 1e-5 * i)])
+    assert r.resumed  # first logged well past step 0
+    assert ("loss_collapse" in codes(judge(r, {}))) is stop

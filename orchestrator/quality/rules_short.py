@@ -75,7 +75,6 @@ def short_climb(run: Run, opts: dict) -> List[Finding]:
                      "rising_logs": CLIMB_LOGS}, H.LEVEL_SHIFT, s.name)]
 
 
-
 def _at(run: Run, name: str, step: float) -> Optional[float]:
     """The last finite value of series ``name`` logged at or before ``step``."""
     w = run.series[name]

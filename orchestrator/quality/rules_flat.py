@@ -273,13 +273,15 @@ def _acc_zero_at(run: Run, step: float) -> bool:
 
 
 def _eval_acc_frozen(run: Run, since: float) -> bool:
-    """An eval accuracy series that logged ``CHANCE_STEPS`` values from ``since`` on, all one value."""
+    """An eval accuracy series whose last ``CHANCE_STEPS`` values, all logged from ``since`` on,
+    are one value. ``since`` is one eval before the eval loss's window: an eval's accuracy line
+    may come after its loss line, and a check between the two must not retract the STOP."""
     for name, a in run.series.items():
         low = name.lower()
         if "acc" not in low or not low.startswith(("val", "eval", "test", "valid")):
             continue
         i = bisect_left(a.steps, since)
-        vals = a.values[i:]
+        vals = a.values[i:][-CHANCE_STEPS:]
         if len(vals) >= CHANCE_STEPS and isfinite(vals[0]) and all(v == vals[0] for v in vals):
             return True
     return False
@@ -299,7 +301,7 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
     # pinned to float precision; or within the train band (0.15%) while an eval accuracy logged
     # beside it repeats one value exactly: the model predicts one class on held-out data (Lasagne's
     # MNIST CNN: validation loss 2.3032-2.3014 = ln 10, accuracy 10.64 % on every epoch)
-    frozen_acc = _eval_acc_frozen(run, ev.steps[len(ev) - CHANCE_STEPS])
+    frozen_acc = _eval_acc_frozen(run, ev.steps[max(0, len(ev) - CHANCE_STEPS - 1)])
     band = CHANCE_BAND if frozen_acc else CHANCE_PINNED
     K = H.chance_level(last[-1], band)
     if not K:

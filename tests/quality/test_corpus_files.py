@@ -117,3 +117,21 @@ def test_readme_lists_every_file(split):
         assert "| %s |" % it["file"] in text, "%s/README.md does not list %s" % (split, it["file"])
     if split.startswith("holdout"):
         assert "do not tune" in text.lower(), "a holdout README must say it is not to be tuned on"
+
+
+def test_no_file_is_in_the_corpus_twice():
+    """A byte-identical copy counts one real log twice (in one split, it inflates that split's
+    figures; across splits, a holdout scores what dev was tuned on). Batch 8 first took 7."""
+    import hashlib
+
+    seen: dict = {}
+    twice = []
+    for split in SPLITS:
+        for p in sorted((CORPUS / split).iterdir()):
+            if p.name in NOT_DATA or not p.is_file():
+                continue
+            h = hashlib.sha256(p.read_bytes()).hexdigest()
+            if h in seen:
+                twice.append((seen[h], f"{split}/{p.name}"))
+            seen.setdefault(h, f"{split}/{p.name}")
+    assert not twice, twice

@@ -204,6 +204,10 @@ def test_an_eval_accuracy_frozen_at_one_value_pins_an_eval_loss_at_chance():
     assert "chance_stuck" in codes(judge(run_of(rows), {}))
     moving = [dict(r, val_accuracy=10.64 + 0.5 * i) for i, r in enumerate(rows)]  # it learns something
     assert "chance_stuck" not in codes(judge(run_of(moving), {}))
+    # the next epoch's loss lines arrive before its accuracy line: the STOP stands at that check
+    run = run_of(rows)
+    run.add_record(70, [("loss", 2.30), ("val_loss", 2.3015)])
+    assert "chance_stuck" in codes(judge(run, {}))
 
 
 def test_an_rl_loss_below_zero_and_a_warm_restart_are_by_design():

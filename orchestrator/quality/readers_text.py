@@ -115,7 +115,7 @@ class LineParser:
         if "Warning: " in line and PY_WARNING.search(line):
             return None
         parts = NUM_SPLIT(line)
-        if self.table is None and "/" in line and _MAY_BE_NONFINITE(line):
+        if self.table is None and "/" in line and line.lstrip()[:1].isdigit() and _MAY_BE_NONFINITE(line):
             bare = bare_nonfinite_row(line)
             if bare is not None:
                 return bare[0], bare[1], None

@@ -84,6 +84,13 @@ PROGRESS_WORDS = ("reward", "margin", "kl")
 RL_WORDS = PROGRESS_WORDS + ("entropy", "value_loss", "policy", "advantage")
 
 
+@lru_cache(maxsize=1024)
+def is_accuracy(key: str) -> bool:
+    """True for an accuracy key of any split (``acc``, ``val_accuracy``, ``Top1Acc``, ``valacc``),
+    by its words: ``grad_accum_steps`` is no accuracy."""
+    return any(w == "accu" or w.endswith(("acc", "accuracy")) for w in (x.lower() for x in _WORD.findall(key)))
+
+
 def names_with(names, words) -> list:
     """The series names that hold one of ``words`` (lowercased)."""
     return [n for n in names if any(w in n.lower() for w in words)]

@@ -17,6 +17,7 @@ from bisect import bisect_left
 from typing import List, Tuple
 
 from orchestrator.quality import hints as H
+from orchestrator.quality.roles import is_accuracy
 from orchestrator.quality.rules import Finding, _num, _r, finding, objective_moving, point_noise
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -267,7 +268,7 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
 def _acc_zero_at(run: Run, step: float) -> bool:
     """An accuracy series (any split) logged exactly 0 at ``step``."""
     for name, a in run.series.items():
-        if "acc" in name.lower() and len(a) and a.steps[-1] == step and a.values[-1] == 0.0:
+        if is_accuracy(name) and len(a) and a.steps[-1] == step and a.values[-1] == 0.0:
             return True
     return False
 
@@ -277,8 +278,7 @@ def _eval_acc_frozen(run: Run, since: float) -> bool:
     are one value. ``since`` is one eval before the eval loss's window: an eval's accuracy line
     may come after its loss line, and a check between the two must not retract the STOP."""
     for name, a in run.series.items():
-        low = name.lower()
-        if "acc" not in low or not low.startswith(("val", "eval", "test", "valid")):
+        if not is_accuracy(name) or not name.lower().startswith(("val", "eval", "test", "valid")):
             continue
         i = bisect_left(a.steps, since)
         vals = a.values[i:][-CHANCE_STEPS:]

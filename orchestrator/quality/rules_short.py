@@ -14,6 +14,7 @@ from bisect import bisect_right
 from typing import List, Optional
 
 from orchestrator.quality import hints as H
+from orchestrator.quality.roles import is_accuracy
 from orchestrator.quality.rules import Finding, _r, finding
 from orchestrator.quality.rules_level import MIN_LOGS
 from orchestrator.quality.series import Run, isfinite, median
@@ -86,6 +87,11 @@ def _at(run: Run, name: str, step: float) -> Optional[float]:
     return None
 
 
+def _rose(run: Run, name: str, t0: float, t1: float) -> bool:
+    a, b = _at(run, name, t0), _at(run, name, t1)
+    return a is not None and b is not None and b > a
+
+
 def worsening(run: Run, opts: dict) -> List[Finding]:
     """A short log (``CLIMB_MIN`` to ``MIN_LOGS`` points, where the trend rules cannot judge)
     whose train loss rose on each of its last ``WORSE_RISES`` logs to ``WORSE_RATIO``x its best,
@@ -106,23 +112,16 @@ def worsening(run: Run, opts: dict) -> List[Finding]:
     if best <= 0 or climb[-1] < WORSE_RATIO * best:
         return []
     t0, t1 = s.steps[len(s) - WORSE_RISES - 1], s.steps[-1]
+    lr = run.get("lr")
+    if lr is not None and _rose(run, lr.name, t0, t1):
+        return []  # a warmup or a restart raises the loss on purpose
+    ev = list(dict.fromkeys(e.name for e in (run.get("val_loss"), run.get("eval_loss")) if e is not None and e is not s))
     witnesses = []
-    for name in run.series:
-        low = name.lower()
-        if name == s.name or not len(run.series[name]):
-            continue
-        acc = "acc" in low
-        worse_if = acc or run.get("val_loss") is run.series[name] or run.get("eval_loss") is run.series[name]
-        if not worse_if and not (low.startswith("lr") or low == "learning_rate"):
-            continue
+    for name in [n for n in run.series if n != s.name and is_accuracy(n)] + ev:
         a, b = _at(run, name, t0), _at(run, name, t1)
         if a is None or b is None:
             continue
-        if not acc and not worse_if:  # the learning rate: a warmup or a restart raises it
-            if b > a:
-                return []
-            continue
-        if (b >= a) if acc else (b <= a):
+        if (b >= a) if is_accuracy(name) else (b <= a):
             return []  # a witness held or improved: not every signal got worse
         witnesses.append(name)
     if not witnesses:

@@ -305,3 +305,11 @@ def test_roles_follow_series_that_appear_later():
     run.add_record(3.0, [("loss", 2.4)])
     assert run.get("loss").name == "loss"
     assert run.upto(2.0).get("loss").name == "loss_total"  # the resume gate's cut: "loss" has no point yet
+
+
+@pytest.mark.parametrize("key, acc", [("acc", True), ("val_accuracy", True), ("Top1Acc", True), ("valacc", True),
+                                      ("accuracy_top-1", True), ("grad_accum_steps", False), ("loss", False)])
+def test_an_accuracy_is_known_by_its_words(key, acc):
+    from orchestrator.quality.roles import is_accuracy
+
+    assert is_accuracy(key) is acc

@@ -26,6 +26,9 @@ from orchestrator.agent.migrations import refuse_if_too_new
 from orchestrator.agent.protocol import AGENT_START, VerbError
 
 START_TIMEOUT_S = 15.0
+# a daemon whose process still lives at START_TIMEOUT_S is slow, not broken (a loaded 2-core
+# box, a cold disk): it is given up to this long before the start is called failed
+SLOW_START_S = 90.0
 
 
 def files(state_dir: str) -> dict:
@@ -216,6 +219,7 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
     argv = [sys.executable or "python3", pyz, "daemon", "--state-dir", state_dir, "--build", build]
     env, dropped = daemon_env(os.environ)
     log = open(files(state_dir)["log"], "ab")
+    since = log.tell()  # the log is appended to: only this start's lines say why it failed
     if detach == "tmux" and _has("tmux"):
         session = "gpurun-agent-%08x" % zlib.crc32(state_dir.encode())  # stable across processes
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
@@ -225,26 +229,56 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
             " >> %s 2>&1" % shlex.quote(files(state_dir)["log"])
         subprocess.run(["tmux", "new-session", "-d", "-s", session, cmd], check=True,
                        stdin=subprocess.DEVNULL, capture_output=True, env=env)
+        proc = None  # tmux owns the process: only the timeout tells
     else:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, close_fds=True, env=env)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, env=env)
     log.close()
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    start = time.time()
+    while True:
         info = running_daemon(state_dir)
         if info and info["build"] == build:
             return {"action": "replaced" if replaced else "started", "pid": info["pid"], "build": build,
                     "previous": replaced}
+        waited = time.time() - start
+        died = proc is not None and proc.poll() is not None
+        # a dead process fails now; a live one past the timeout is waited for up to SLOW_START_S
+        if died or waited > timeout and (proc is None or waited > max(timeout, SLOW_START_S) or _disk_full(state_dir)):
+            break
         time.sleep(0.02)
     # operational, not a bug: a slow disk, a full one, or a crash at start (the log says which)
-    from orchestrator.agent.diskfull import FULL_BELOW, HINT, free_bytes
-    free = free_bytes(state_dir)
-    if free is not None and free < FULL_BELOW:  # the log is on that disk too: say it here
+    from orchestrator.agent.diskfull import HINT
+    free = _disk_full(state_dir)
+    if free is not None:  # the log is on that disk too: say it here
         raise VerbError("the agent daemon did not start within %ds: disk full (%s has %d KiB free)"
                         % (timeout, state_dir, free // 1024), AGENT_START, HINT % state_dir)
-    raise VerbError("the agent daemon did not start within %ds" % timeout, AGENT_START,
+    what = ("the agent daemon exited at start (exit code %s)" % proc.returncode if died
+            else "the agent daemon did not start within %ds" % (time.time() - start))
+    last = _last_line(files(state_dir)["log"], since)
+    raise VerbError(what + (": %s" % last if last else ""), AGENT_START,
                     "see the last lines of %s on the host; a full disk or a broken Python are the usual causes"
                     % files(state_dir)["log"])
+
+
+def _disk_full(state_dir: str) -> Optional[int]:
+    """The free bytes of ``state_dir``'s disk when it is full, else None."""
+    from orchestrator.agent.diskfull import FULL_BELOW, free_bytes
+    free = free_bytes(state_dir)
+    return free if free is not None and free < FULL_BELOW else None
+
+
+def _last_line(path: str, since: int, limit: int = 300) -> str:
+    """The log's last non-empty line written after offset ``since``, cut to ``limit`` characters
+    ('' if none): the daemon's own words on why it did not start (a traceback ends with the
+    exception)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(since, f.tell() - 4096))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
 
 
 def daemon_env(environ: "Mapping[str, str]") -> "tuple[dict, list]":

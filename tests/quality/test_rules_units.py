@@ -263,6 +263,14 @@ def test_one_nan_line_stops_when_a_second_loss_witnesses_it():
     assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["also_nonfinite"] == ["loss_cls"]
 
 
+def test_a_first_logged_loss_that_is_nan_stops_at_once():
+    # no finite history for a loss scaler's skipped step to return to: broken from its first log
+    v = judge(run_of([{"loss": math.inf}]), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["first_logged"] is True
+    # a NaN eval loss at the first eval (an empty split) beside a finite train loss is no STOP
+    assert judge(run_of([{"loss": 2.0, "eval_loss": math.nan}]), {})["verdict"] != "STOP"
+
+
 def test_subnormal_collapse_stops_printed_zero_does_not():
     base = [{"loss": v} for v in decaying(20)]
     assert "loss_collapse" in codes(judge(run_of(base + [{"loss": -6.43825e-20}] * 3), {}))

@@ -34,6 +34,9 @@ def nonfinite_final(step) -> str:
 
 COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or masked away (all labels "
             "ignored, empty targets) or fp16 overflowed; check the label mask and try bf16.")
+MASKED = ("a loss near 0 beside an accuracy well below 100% on the same batches: the loss is not computed over "
+          "the samples the accuracy counts. Check that the labels are not all ignored (ignore_index, a padding or "
+          "-100 mask, class ids outside the label map) and that the loss is not detached or zero-weighted.")
 GRAD_NAN_PERSIST = ("grad norm non-finite on many steps: the fp16 loss scale is collapsing (a real overflow, "
                     "not the usual skipped step): switch to bf16, lower the LR, clip the grad norm.")
 GRAD_NAN_BENIGN = ("isolated non-finite grad norm: normal under fp16 dynamic loss scaling (skipped step); "

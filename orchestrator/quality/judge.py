@@ -34,6 +34,7 @@ RULES: Dict[str, Callable] = {
     "nonfinite_loss": R.nonfinite_loss, "collapse": R.collapse_and_grad, "divergence": R.divergence,
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
+    "masked_loss": A.masked_loss,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening,

@@ -25,6 +25,9 @@ _IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
 _STRIP = " \t'\":=[]{}>#"
 _METRICISH = ("loss", "eval", "val", "acc", "wer", "bleu", "rouge", "ppl", "perplex", "f1", "reward")
 _NOKEY = ""  # cache marker for "this segment names nothing"
+# Python logging's default "LEVEL:logger:" before the message ("INFO:tensorflow:loss = 2.3,
+# step = 100", TF Estimator, tensor2tensor, the Object Detection API): the key is after it
+_PYLOG = re.compile(r"(?:debug|info|warning|warn|error|critical):[\w.\-]*:")
 # a run's configuration printed once (argparse's ``Namespace(lr=0.001, ...)``, a dataclass or
 # ``k=v, k='adam'`` dump): numbers that are settings, not a point of any series
 _CONFIG_CALL = re.compile(r"\b[A-Za-z_]\w*\(\s*\w+=")
@@ -157,6 +160,11 @@ def _key_of(seg: str) -> str:
         k = " ".join(k.split())  # "valid  loss" is "valid loss": padding says nothing
     if k in SYNONYMS or k in STEP_KEYS or k == "epoch":
         return k
+    m = _PYLOG.match(k)
+    if m and m.end() < len(k):
+        k = k[m.end():]
+        if k in SYNONYMS or k in STEP_KEYS or k == "epoch":
+            return k
     if k.endswith(")") and " (" in k:
         head, _, qual = k[:-1].rpartition(" (")
         if qual in _QUALIFIERS:  # "average loss (valid)": the qualifier says which loss

@@ -95,12 +95,6 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
                                dict({"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
                                      "last_finite": _last_finite(s)}, **({"bad_before_restart": carry} if carry else {})),
                                H.nonfinite(step, run.get("loss_scale") is not None), name))
-        elif streak == 1 and s is main and not any(isfinite(v) for v in s.values[s.rewound_at:]):
-            # the first train loss the run (or its restart) ever logged is NaN/Inf: there is no
-            # finite history for a loss scaler's skipped step to return to; it is broken from step 1
-            out.append(finding("nonfinite_loss", "stop", s.steps[-1],
-                               {"series": name, "first_logged": True, "last_finite": None},
-                               H.nonfinite(s.steps[-1], run.get("loss_scale") is not None), name))
         elif streak == 1:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
                                H.nonfinite_one(name), name))

@@ -1,4 +1,5 @@
-"""Rules on the auxiliary series: learning rate, grad norm, throughput, loss sign.
+"""Rules on the auxiliary series: learning rate, grad norm, throughput, loss sign, and the
+loss against the accuracy logged beside it.
 
 Same contract as ``rules.py``. Throughput is an infrastructure signal, never a quality STOP.
 """
@@ -9,7 +10,7 @@ import math
 from typing import List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import RL_WORDS, names_with
+from orchestrator.quality.roles import EVAL_WORDS, RL_WORDS, _WORD, is_accuracy, names_with
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -192,3 +193,46 @@ def negative_loss(run: Run, opts: dict) -> List[Finding]:
                         H.NEGATIVE, "loss")]
     return []
 
+
+
+# A mean cross-entropy below 0.01 needs the true class at p >= 0.99 on nearly every sample, so an
+# accuracy of 95% or less counted on the same batches cannot sit beside it (the 5% it gets wrong
+# alone cost 0.05 x ln 2 = 0.035): the loss is not computed over the samples the accuracy counts;
+# every label is ignored or masked (mmseg's ignore_index: decode.loss_seg 0.0000 at acc_seg 92%).
+# Above 20% only: an "accuracy" near 0 beside a tiny loss is a regression's meaningless metric.
+MASKED_LOSS, MASKED_ACC, MASKED_LOGS = 0.01, (0.2, 0.95), 2
+
+
+def masked_loss(run: Run, opts: dict) -> List[Finding]:
+    """STOP when the train loss sits below ``MASKED_LOSS`` on its last ``MASKED_LOGS`` logs while
+    a train-side accuracy logged at the same steps reads 20-95%: two witnesses that disagree in
+    a way no working loss allows. A validation accuracy proves nothing here (a memorised train
+    set has loss 0 and a val accuracy of 92%), nor does an RL run's loss."""
+    s = run.get("loss")
+    if s is None or len(s) < MASKED_LOGS or names_with(run.series, RL_WORDS):
+        return []
+    tail = s.values[-MASKED_LOGS:]
+    if not all(isfinite(v) and 0.0 <= v < MASKED_LOSS for v in tail):
+        return []
+    steps = s.steps[-MASKED_LOGS:]
+    for name, a in run.series.items():
+        if not is_accuracy(name) or any(w.lower() in EVAL_WORDS for w in _WORD.findall(name)):
+            continue
+        beside = dict(zip(a.steps[-64:], a.values[-64:]))  # recent logs: a check stays O(1)
+        accs = [_frac(beside.get(st)) for st in steps]
+        if all(MASKED_ACC[0] <= v <= MASKED_ACC[1] for v in accs):
+            k = len(s) - MASKED_LOGS  # the onset: back to where the pair first disagreed
+            while k > 0 and 0.0 <= s.values[k - 1] < MASKED_LOSS and \
+                    MASKED_ACC[0] <= _frac(beside.get(s.steps[k - 1])) <= MASKED_ACC[1]:
+                k -= 1
+            return [finding("loss_collapse", "stop", s.steps[k],
+                            {"series": s.name, "last_values": [_r(v) for v in tail], "accuracy": name,
+                             "accuracy_beside": [_r(v) for v in accs]}, H.MASKED, s.name)]
+    return []
+
+
+def _frac(v: Optional[float]) -> float:
+    """An accuracy as a fraction (a percent above 1 is divided by 100); NaN when not logged."""
+    if v is None or not isfinite(v):
+        return math.nan
+    return v / 100.0 if v > 1.0 else v

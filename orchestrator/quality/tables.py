@@ -43,7 +43,8 @@ _HEADS = tuple(re.compile(w + r"(?:[ \t]+[A-Za-z_][\w()/.\-@]*){3,}[ \t]*\r?$", 
                for w in ("Epoch", "epoch"))
 
 ABORT_SERIES = "nonfinite_abort"
-ABORT = re.compile(r"\bloss (?:is|in|became|was) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?|not finite|"
+# TensorFlow's NanTensorHook raises with "Model diverged with loss = NaN." (Estimator, tensor2tensor)
+ABORT = re.compile(r"\b(?:loss (?:is|in|became|was)|diverged with loss =) (infinite or nan|nan or inf(?:inite)?|nan|[-+]?inf(?:inite)?|not finite|"
                    r"non-finite)\b", re.IGNORECASE)
 # "Loss is not finite. Skip this training step.": the trainer dropped one step and goes on (its
 # last word, "... Terminate training.", is the abort)
@@ -162,8 +163,9 @@ def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, f
 
 
 # darknet's per-batch line: " 2267: 1.52, 1.61 avg, 0.001000 rate, 3.43 seconds, 145088 images"
-# (AlexeyAB: "... avg loss, ..."): the batch's loss, its running mean, the learning rate
-DARKNET = re.compile(r"\s*(\d+): *([-+\w.]+), *([-+\w.]+) avg(?: loss)?, *([-+\w.]+) rate\b")
+# (AlexeyAB: "... avg loss, ..."; pjreddie's yolo v2 puts the epoch after the batch: "2, 0.003: inf,
+# inf avg, 0.099920 rate"): the batch's loss, its running mean, the learning rate
+DARKNET = re.compile(r"\s*(\d+)(?:, *\d+\.\d+)?: *([-+\w.]+), *([-+\w.]+) avg(?: loss)?, *([-+\w.]+) rate\b")
 
 
 def darknet_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]]]:

@@ -42,6 +42,20 @@ KNOWN_MISSES = {
     # set as often as a broken one; only the test score at chance (0.126 of 6 classes, a number
     # Caffe names "Test score #0", not accuracy) and the test loss 1.8 -> 37 say which
     "dev8_bvlc_caffe_i5127_train_loss_0_test_acc_chance.log",
+    # a word LM at 17.8-19.5 nats (ppl 5e7) for 3 epochs, above ln V of any vocabulary, then at the
+    # unigram level as its LR anneals: worse than a uniform guess is diverged, but only for a loss
+    # known to be a cross-entropy in nats, and no rule yet takes the ppl beside it as that proof
+    "dev9_pypi_data_nlpia2_rnn_tanh_2layer_above_ln_v_then_unigram.md",
+    # loss terms exactly 0 on every log while the total falls (CenterNet's wh_loss and off_loss;
+    # a Faster R-CNN head's cls_loss and loss_bbox): a bug here, by design elsewhere (YOLO's class
+    # loss on a one-class set, a disabled auxiliary term), and the log does not say which
+    "dev9_xingyizhou_centernet_i231_wh_off_loss_zero.log",
+    "dev9_sanghoon_pva_faster_rcnn_i8_cls_bbox_loss_zero.log",
+    # 5 Caffe displays each above the last (12.1 -> 18.3) at a constant LR with nothing logged
+    # before them: too few to tell a diverging run from a volatile start
+    "dev9_weiliu89_caffe_ssd_i383_loss_climbs_constant_lr.log",
+    # a header, then bare "G D" number pairs with no step and no key: nothing names the losses
+    "dev9_soumith_ganhacks_i2_g_error_climbs_d_to_zero.log",
 }
 
 

@@ -199,3 +199,19 @@ def test_darknet_lines_name_their_values_after_them(tmp_path):
     one = _run(tmp_path, [" 2267: nan, nan avg, 0.001000 rate, 3.430528 seconds, 145088 images"], "nan.log")
     v = judge(one, {})
     assert v["verdict"] == "STOP" and v["findings"][0]["step"] == 2267  # two NaN witnesses on one line
+    # yolo v2 puts the epoch after the batch number: "2, 0.003: inf, inf avg, 0.0999 rate"
+    two = _run(tmp_path, ["%d, 0.00%d: inf, inf avg, 0.099920 rate, 2.0 seconds, 64 images" % (i, i) for i in (2, 3)],
+               "v2.log")
+    assert list(two.get("loss").steps) == [2, 3] and judge(two, {})["verdict"] == "STOP"
+
+
+def test_python_logging_prefix_and_tensorflows_nan_hook(tmp_path):
+    # TF Estimator / tensor2tensor: "INFO:tensorflow:loss = X, step = N (T sec)"; the key is after
+    # logging's "LEVEL:logger:", and the NanTensorHook's "Model diverged with loss = NaN." ends it
+    lines = ["INFO:tensorflow:loss = %.4f, step = %d (12.3 sec)" % (3 - i / 10, 100 * i) for i in range(1, 6)]
+    run = _run(tmp_path, lines)
+    assert list(run.get("loss").steps) == [100, 200, 300, 400, 500]
+    assert judge(run, {})["verdict"] != "STOP"
+    died = _run(tmp_path, lines + ["ERROR:tensorflow:Model diverged with loss = NaN."], "nan.log")
+    v = judge(died, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"].get("trainer_stopped")

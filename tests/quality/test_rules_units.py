@@ -263,12 +263,16 @@ def test_one_nan_line_stops_when_a_second_loss_witnesses_it():
     assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["also_nonfinite"] == ["loss_cls"]
 
 
-def test_a_first_logged_loss_that_is_nan_stops_at_once():
-    # no finite history for a loss scaler's skipped step to return to: broken from its first log
-    v = judge(run_of([{"loss": math.inf}]), {})
-    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["first_logged"] is True
-    # a NaN eval loss at the first eval (an empty split) beside a finite train loss is no STOP
-    assert judge(run_of([{"loss": 2.0, "eval_loss": math.nan}]), {})["verdict"] != "STOP"
+def test_a_loss_near_zero_beside_an_accuracy_far_from_100_is_a_masked_loss():
+    base = [{"loss": v, "acc_seg": 85.0} for v in decaying(20)]
+    # mmseg with every label ignored: 0.0000 beside 92% pixel accuracy on the same lines
+    v = judge(run_of(base + [{"loss": 0.0004, "acc_seg": 92.4}, {"loss": 0.0003, "acc_seg": 90.7}]), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["accuracy"] == "acc_seg"
+    # a memorised train set: loss 0.001 at 99.9% train accuracy, or beside a val accuracy of 92%
+    fit = [{"loss": 0.001, "acc": 0.999, "val_acc": 0.92}] * 3
+    assert "loss_collapse" not in codes(judge(run_of(base + fit), {}))
+    # a regression's "accuracy" of 0 beside its tiny MSE is no witness
+    assert "loss_collapse" not in codes(judge(run_of(base + [{"loss": 0.004, "acc": 0.0}] * 3), {}))
 
 
 def test_subnormal_collapse_stops_printed_zero_does_not():

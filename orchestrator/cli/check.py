@@ -83,6 +83,17 @@ def check(ctx: click.Context, source: Optional[str], as_json: bool, baseline: Op
     ctx.exit(core.exit_code(out["verdict"]))
 
 
+def _hint_text(hint: str, con: Any) -> str:
+    """A hint wrapped at the terminal's width under its label (``hint: `` is 14 cells in); piped,
+    one whole line, so ``grep`` finds it."""
+    from rich.markup import escape  # "[0, C)" in a hint is text, not markup
+    if not con.is_terminal:
+        return escape(hint)
+    import textwrap
+    lines = textwrap.wrap(hint, width=max(40, con.width - 14), break_long_words=False, break_on_hyphens=False)
+    return escape(("\n" + " " * 14).join(lines))
+
+
 def _human(out: dict[str, Any]) -> None:
     from orchestrator.cli.render import console
     con = console()
@@ -105,7 +116,7 @@ def _human(out: dict[str, Any]) -> None:
         style = SEV_STYLE.get(str(f["severity"]), "")
         con.print("  [%s]%-5s[/] %s at step %s" % (style, f["severity"], f["code"], f["step"]))
         if f.get("hint") and f["severity"] != "info":
-            con.print("        [dim]hint:[/] %s" % f["hint"])
+            con.print("        [dim]hint:[/] %s" % _hint_text(f["hint"], con))
     rev = out.get("reviewer")
     if rev:
         con.print("[dim]reviewer:[/] %s answered %s on %s%s" % (rev.get("model") or rev.get("kind"), rev.get("answer"),

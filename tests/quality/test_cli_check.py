@@ -123,3 +123,23 @@ def test_png_with_matplotlib(isolated_home, tmp_path):
     assert r.exit_code == 11, r.output
     assert json.loads(r.output)["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hints_fit_80_columns_on_a_terminal_and_stay_whole_lines_piped(isolated_home, tmp_path):
+    import os
+    import re
+    p = write(make_curve("nan", 2), "csv", str(tmp_path / "run"))
+    env = dict(os.environ, COLUMNS="80", TTY_COMPATIBLE="1", NO_COLOR="1")
+    tty = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", p], capture_output=True, text=True,
+                         env=env)
+    visible = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in tty.stdout.splitlines()]
+    hint = [i for i, ln in enumerate(visible) if ln.lstrip().startswith("hint:")]
+    assert tty.returncode == 11 and hint and len(visible) > hint[0] + 1
+    assert all(len(ln) <= 80 for ln in visible if not ln.startswith("source:")), visible
+    assert visible[hint[0] + 1].startswith(" " * 14) and visible[hint[0] + 1][14] != " "  # under the hint's text
+    env = dict(os.environ, COLUMNS="80", TTY_COMPATIBLE="0")
+    piped = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", p], capture_output=True, text=True,
+                           env=env)
+    lines = piped.stdout.splitlines()
+    one = [ln for ln in lines if ln.lstrip().startswith("hint:")]
+    assert len(one) == 1 and len(one[0]) > 80 and "\x1b" not in piped.stdout  # one whole line to grep

@@ -34,6 +34,9 @@ def nonfinite_final(step) -> str:
 
 COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or masked away (all labels "
             "ignored, empty targets) or fp16 overflowed; check the label mask and try bf16.")
+ABOVE_UNIFORM = ("a cross-entropy above a uniform guess over a million tokens: the model is worse than guessing, "
+                 "diverged. Lower the LR 10x (the PyTorch word-LM example's default lr 20 is for its LSTM), clip the "
+                 "grad norm, and restart from the first checkpoint, not the latest.")
 MASKED = ("a loss near 0 beside an accuracy well below 100% on the same batches: the loss is not computed over "
           "the samples the accuracy counts. Check that the labels are not all ignored (ignore_index, a padding or "
           "-100 mask, class ids outside the label map) and that the loss is not detached or zero-weighted.")

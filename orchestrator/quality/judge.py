@@ -49,7 +49,7 @@ TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning
 # (a tiny noisy loss creeping 0.05 -> 0.09 while eval improves); a jump that stays is not vetoed
 EVAL_VETO = ("divergence", "divergence_best")
 STOP_ORDER = {c: i for i, c in enumerate((
-    "nonfinite_loss", "loss_collapse", "absurd_loss", "loss_explosion", "chance_stuck", "saturated_loss", "frozen", "lr_invalid",
+    "nonfinite_loss", "loss_collapse", "absurd_loss", "loss_explosion", "chance_stuck", "saturated_loss", "above_uniform", "frozen", "lr_invalid",
     "lr_zero", "nonfinite_grad", "level_shift", "divergence_best", "eval_diverged", "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 

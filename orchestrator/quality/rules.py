@@ -123,8 +123,8 @@ def _witnessed(run: Run, out: List[Finding]) -> List[Finding]:
     if loss is None or isfinite(loss.values[-1]) or any(f["severity"] == "stop" for f in out):
         return out
     at = loss.steps[-1]
-    names = [name for name, s in run.series.items() if name != "loss" and "loss" in name and len(s)
-             and s.steps[-1] == at and not isfinite(s.values[-1])]
+    names = [name for name in run.series if name != "loss" and "loss" in name and len(run.series[name])
+             and run.series[name].steps[-1] == at and not isfinite(run.series[name].values[-1])]
     if not names:
         return out
     rest = [f for f in out if f.get("series") != "loss"]

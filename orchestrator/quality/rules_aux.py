@@ -215,9 +215,10 @@ def masked_loss(run: Run, opts: dict) -> List[Finding]:
     if not all(isfinite(v) and 0.0 <= v < MASKED_LOSS for v in tail):
         return []
     steps = s.steps[-MASKED_LOGS:]
-    for name, a in run.series.items():
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if not is_accuracy(name) or any(w.lower() in EVAL_WORDS for w in _WORD.findall(name)):
             continue
+        a = run.series[name]
         beside = dict(zip(a.steps[-64:], a.values[-64:]))  # recent logs: a check stays O(1)
         accs = [_frac(beside.get(st)) for st in steps]
         if all(MASKED_ACC[0] <= v <= MASKED_ACC[1] for v in accs):

@@ -1,7 +1,8 @@
 """Flat-loss rules: a loss that never left its first level (``flat_start`` WAIT, then
 ``no_learning`` STOP), a loss frozen to float precision (``frozen``), and a loss stuck exactly at
 a chance level ln(K) (``chance_stuck``: the train loss within 0.15% of it, or the eval loss pinned
-to it to float precision, which only a uniform prediction gives).
+to it to float precision, which only a uniform prediction gives), and a cross-entropy that stays
+above any uniform guess (``above_uniform``: worse than chance, so not learning either).
 
 Why three: "flat" alone is the seed's *unsure* row (a plateau, or nothing learned?), so a flat
 start WAITs and asks the reviewer; it STOPs only with more evidence: a long flat span, a loss that
@@ -42,6 +43,9 @@ CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
 SATURATED = (-math.log(1.1754943508222875e-38), -math.log(2.2250738585072014e-308), -math.log(1e-7),
              -math.log(1e-8), -math.log(1e-10))
 SATURATED_REL, SATURATED_STEPS = 1e-5, 2
+# ln(1e6): a mean cross-entropy above it is worse than a uniform guess over a million tokens, more
+# than any tokenizer or label set has; 10 logs on it, none falling (``above_uniform``)
+ABOVE_UNIFORM, ABOVE_UNIFORM_LOGS = math.log(1e6), 10
 # a rounded printout (3.0447 with 4+ significant digits, at a level a model still learning sits
 # above) that stays within 2 units of its last digit for 20 logged steps: per-batch losses of a
 # live model differ by far more than 0.01%; the exact-equality test misses it because the print
@@ -57,7 +61,7 @@ def no_learning(run: Run, opts: dict) -> List[Finding]:
     s = run.get("loss") or run.main_loss()
     if s is None or not len(s):
         return []
-    out = chance_stuck(s, run) or chance_eval(s, run) or saturated(s, run) or frozen(s)
+    out = chance_stuck(s, run) or chance_eval(s, run) or saturated(s, run) or above_uniform(s, run) or frozen(s)
     if out and out[0]["severity"] == "stop":
         return out
     return out + flat_start(s, run)
@@ -233,6 +237,32 @@ def saturated(s: Series, run: Run) -> List[Finding]:
                     H.SATURATED, s.name)]
 
 
+def above_uniform(s: Series, run: Run) -> List[Finding]:
+    """The last ``ABOVE_UNIFORM_LOGS`` logs of a cross-entropy above ln(1e6) and not falling: worse
+    than a uniform guess over more tokens than any vocabulary has, a diverged model (a word LM at
+    lr 20: loss 17.8, ppl 5e7, epoch after epoch). Only with a perplexity logged beside each of
+    them that is e^loss: that proves the loss a mean cross-entropy in nats; a bare loss of 18 may
+    be a detector's sum of terms or a squared error. A bad init starts high but falls fast."""
+    names = run.by_role().get("ppl", ())
+    if len(s) < ABOVE_UNIFORM_LOGS or not names:
+        return []
+    tail = s.values[-ABOVE_UNIFORM_LOGS:]
+    if not all(isfinite(v) and v > ABOVE_UNIFORM for v in tail) or median(tail[-5:]) < 0.95 * median(tail[:5]):
+        return []
+    p = run.series[names[0]]
+    beside = dict(zip(p.steps[-4 * ABOVE_UNIFORM_LOGS:], p.values[-4 * ABOVE_UNIFORM_LOGS:]))
+    for st, v in zip(s.steps[-ABOVE_UNIFORM_LOGS:], tail):
+        q = beside.get(st)
+        if q is None or not isfinite(q) or q <= 1.0 or abs(math.log(q) - v) > 0.01 * v:
+            return []
+    k = len(s) - ABOVE_UNIFORM_LOGS
+    while k > 0 and len(s) - k < 100000 and isfinite(s.values[k - 1]) and s.values[k - 1] > ABOVE_UNIFORM:
+        k -= 1
+    return [finding("above_uniform", "stop", s.steps[k],
+                    {"series": s.name, "latest": _r(tail[-1]), "uniform_1e6": _r(ABOVE_UNIFORM), "perplexity": p.name,
+                     "logs_above": len(s) - k}, H.ABOVE_UNIFORM, s.name)]
+
+
 def chance_stuck(s: Series, run: Run) -> List[Finding]:
     """The last logs sit within 0.15% of ln(K) over ``CHANCE_STEPS`` distinct steps: the model
     outputs a uniform guess (0.6931 = ln 2 on every step; Caffe's 6.90776 = ln 1000)."""
@@ -267,9 +297,11 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
 
 def _acc_zero_at(run: Run, step: float) -> bool:
     """An accuracy series (any split) logged exactly 0 at ``step``."""
-    for name, a in run.series.items():
-        if is_accuracy(name) and len(a) and a.steps[-1] == step and a.values[-1] == 0.0:
-            return True
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if is_accuracy(name):
+            a = run.series[name]
+            if len(a) and a.steps[-1] == step and a.values[-1] == 0.0:
+                return True
     return False
 
 
@@ -277,9 +309,10 @@ def _eval_acc_frozen(run: Run, since: float) -> bool:
     """An eval accuracy series whose last ``CHANCE_STEPS`` values, all logged from ``since`` on,
     are one value. ``since`` is one eval before the eval loss's window: an eval's accuracy line
     may come after its loss line, and a check between the two must not retract the STOP."""
-    for name, a in run.series.items():
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if not is_accuracy(name) or not name.lower().startswith(("val", "eval", "test", "valid")):
             continue
+        a = run.series[name]
         i = bisect_left(a.steps, since)
         vals = a.values[i:][-CHANCE_STEPS:]
         if len(vals) >= CHANCE_STEPS and isfinite(vals[0]) and all(v == vals[0] for v in vals):

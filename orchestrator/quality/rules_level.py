@@ -335,9 +335,12 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     if lr is not None and _warm_restart(lr, ev_loss, patience):
         return []  # an LR that jumped back up after decaying raises both losses for a while
     judged = []
-    for name, s in run.series.items():
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         low = name.lower()
-        if not low.startswith(("eval_", "val_")) or any(w in low for w in _NOT_METRIC) or len(s) <= PATIENCE:
+        if not low.startswith(("eval_", "val_")) or any(w in low for w in _NOT_METRIC):
+            continue
+        s = run.series[name]
+        if len(s) <= PATIENCE:
             continue
         sign = 1.0 if any(w in low for w in _LOWER) else -1.0 if any(w in low for w in _HIGHER) else 0.0
         if not sign:

@@ -275,6 +275,18 @@ def test_a_loss_near_zero_beside_an_accuracy_far_from_100_is_a_masked_loss():
     assert "loss_collapse" not in codes(judge(run_of(base + [{"loss": 0.004, "acc": 0.0}] * 3), {}))
 
 
+def test_a_cross_entropy_above_any_uniform_guess_stops_when_its_perplexity_proves_it():
+    rng = random.Random(3)
+    lm = [{"loss": v, "ppl": math.exp(v)} for v in (18 + rng.gauss(0, 0.4) for _ in range(12))]
+    v = judge(run_of(lm), {})
+    assert v["verdict"] == "STOP" and "above_uniform" in codes(v)
+    # the same numbers with no perplexity: a detector's sum of terms may sit at 18
+    assert "above_uniform" not in codes(judge(run_of([{"loss": r["loss"]} for r in lm]), {}))
+    # a bad init that starts at 20 and falls is no divergence
+    falling = [{"loss": 25 - i, "ppl": math.exp(25 - i)} for i in range(10)]
+    assert "above_uniform" not in codes(judge(run_of(falling), {}))
+
+
 def test_subnormal_collapse_stops_printed_zero_does_not():
     base = [{"loss": v} for v in decaying(20)]
     assert "loss_collapse" in codes(judge(run_of(base + [{"loss": -6.43825e-20}] * 3), {}))

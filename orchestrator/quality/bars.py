@@ -14,6 +14,16 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import BAR_EPOCH, epoch_step
 
 _POSTFIX = re.compile(r"([A-Za-z_][\w/.\-]*)=\s*" + _NUM + r"(?![\w.])")
+# a postfix written "Name value" (``set_postfix_str("Loss %.4f, Val Loss %.4f" % ...)``): after the
+# rate, comma-separated items of words then one number ("Raw Acc (0.39, 2.49)" names no one value)
+_RATE_THEN = re.compile(r"(?:/s|/it)\s*,\s*(?=[A-Za-z])")
+_SPACED = re.compile(r"\s*([A-Za-z][A-Za-z_/.\- ]*?)\s+" + _NUM + r"\s*\Z")
+
+
+def has_postfix(line: str) -> bool:
+    """True when a bar line may carry metrics after its bar: ``name=value`` or, after the rate,
+    ``Name value`` items (``bar_pairs`` reads both)."""
+    return "=" in line or _RATE_THEN.search(line) is not None
 
 
 def bar_pairs(line: str) -> List[Tuple[str, float]]:
@@ -21,7 +31,8 @@ def bar_pairs(line: str) -> List[Tuple[str, float]]:
     names a loss or another known metric): for many scripts the only place a loss is printed."""
     vals: List[Tuple[str, float]] = []
     known = False
-    for k, tok in _POSTFIX.findall(line, line.find("%|") + 2):
+    pairs = _POSTFIX.findall(line, line.find("%|") + 2) or _spaced(line)
+    for k, tok in pairs:
         raw = k.lower()
         if raw in STEP_KEYS or raw == "epoch":
             continue
@@ -29,6 +40,27 @@ def bar_pairs(line: str) -> List[Tuple[str, float]]:
         known = known or name in _KNOWN or any(m in name for m in _METRICISH)
         vals.append((name, float(tok)))
     return vals if known else []
+
+
+def _spaced(line: str) -> List[Tuple[str, str]]:
+    """``(name, number)`` of a "Name value, Name value" postfix after the bar's rate."""
+    m = _RATE_THEN.search(line, line.find("%|") + 2)
+    if m is None:
+        return []
+    tail = line[m.end():].rstrip()
+    if tail.endswith("]"):
+        tail = tail[:-1]
+    out, depth, item = [], 0, []
+    for ch in tail + ",":  # split on the commas outside parentheses
+        if ch == "," and depth == 0:
+            sm = _SPACED.match("".join(item))
+            if sm:
+                out.append((_key_of(sm.group(1) + " ") or sm.group(1).strip(), sm.group(2)))
+            item = []
+            continue
+        depth += (ch in "([") - (ch in ")]")
+        item.append(ch)
+    return out
 
 
 _PERCENT = re.compile(r"\d+%\|")

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.fastpath import _NUMG
-from orchestrator.quality.bars import bar_pairs, desc_pairs
+from orchestrator.quality.bars import bar_pairs, desc_pairs, has_postfix
 from orchestrator.quality.linekeys import (_GLOG, _KNOWN, _METRICISH, NUM_SPLIT, _key_of, context_shape, on_split,
                                            split_head)
 from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP, LineParser
@@ -28,11 +28,12 @@ _EOL = r"(?:\r\n|[%s]|\Z)" % re.escape(_BRK)
 _LINE = r"[^%s]" % re.escape(_BRK)
 _NUMX = "(?:%s)" % _NUMG[1:-1]  # the same number, not captured
 # a bar line as the per-line loop sees it: "%|" and no "{" in the line, TQDM_STEP's first match;
-# one with a "name=value" postfix is left to the "other line" branch, which reads its metrics
+# one with a "name=value" postfix, or "Name value" items after its rate (``bars.has_postfix``), is
+# left to the "other line" branch, which reads its metrics
 # (nor one with a number in its description before the percentage: "Loss 0.31 | LR 0.1 | Step:
 # 50%|" may carry metrics, ``bars.desc_pairs`` reads them there too)
-_BAR = (r"(?![^%s]*=)(?=[^{%s]*%%\|)(?![^%%%s]*\d[^%%%s]*?[^\d%s]\d{1,3}%%\|)[^{%s]*?\|(?:(?![%s])\s)*(\d+)/(\d+) \[[^{%s]*"
-        % ((re.escape(_BRK),) * 8)) + _EOL
+_BAR = (r"(?![^%s]*=)(?![^%s]*/(?:s|it)\s*,\s*[A-Za-z])(?=[^{%s]*%%\|)(?![^%%%s]*\d[^%%%s]*?[^\d%s]\d{1,3}%%\|)[^{%s]*?\|(?:(?![%s])\s)*(\d+)/(\d+) \[[^{%s]*"
+        % ((re.escape(_BRK),) * 9)) + _EOL
 SAMPLE = 400
 MIN_SAMPLE = 100
 # a shape is its text between numbers with runs of spaces as one: printf padding ("%5d",
@@ -208,7 +209,7 @@ class OrderedScan:
                         if not planned:
                             planned = float(m.group(2))
                     desc = desc_pairs(line) if parser.strict else []
-                    pairs = desc + bar_pairs(line) if parser.strict and "=" in line else desc
+                    pairs = desc + bar_pairs(line) if parser.strict and has_postfix(line) else desc
                     if desc and tuple(pairs) != src.bar_post:
                         explicit = explicit or BAR  # as ``LineSource._bar_record``
                     if pairs and tuple(pairs) != src.bar_post:

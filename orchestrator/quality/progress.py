@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple, Union
 
-from orchestrator.quality.bars import bar_pairs, bar_step
+from orchestrator.quality.bars import bar_pairs, bar_step, has_postfix
 from orchestrator.quality.readers_text import TQDM_STEP, LineParser
 from orchestrator.quality.series import Run
 from orchestrator.quality.sources import sniff_kind
@@ -70,7 +70,7 @@ def _tail_run(path: str, kind: str = "text") -> Run:
             m = TQDM_STEP.search(line)
             if m:
                 bar = float(m.group(1))
-            if parser.strict and "=" in line:  # set_postfix(loss=...): the judge reads it (quality/bars)
+            if parser.strict and has_postfix(line):  # set_postfix(loss=...): the judge reads it (quality/bars)
                 pairs = bar_pairs(line)
                 if pairs:
                     run.add_record(bar_step(run, bar), pairs)

@@ -352,9 +352,9 @@ class LineSource:
         """A bar's postfix metrics, once per change (a bar redrawn with the same postfix is a
         refresh, not a new log: counted again it would read as a frozen loss)."""
         if self.parser.strict:
-            from orchestrator.quality.bars import bar_pairs, bar_step, desc_pairs
+            from orchestrator.quality.bars import bar_pairs, bar_step, desc_pairs, has_postfix
             desc = desc_pairs(line)
-            vals = desc + bar_pairs(line) if "=" in line else desc
+            vals = desc + bar_pairs(line) if has_postfix(line) else desc
             key = tuple(vals)
             if vals and key != self.bar_post:
                 self.bar_post = key

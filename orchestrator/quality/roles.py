@@ -34,6 +34,8 @@ NOT_A_LOSS = frozenset({"scale", "scaler", "scaling", "weight", "weights", "coef
 PLAIN = frozenset({"train", "training", "trn", "tr", "total", "overall", "all", "sum", "mean", "avg", "average",
                    "step", "batch", "iter", "lm", "main", "objective", "running", "smoothed", "loss", "losses"})
 TOTAL = frozenset({"total", "overall", "sum", "all"})
+# "cost" is the loss only beside these words: Paddle's "batch_cost" and "reader_cost" are seconds
+_COST_PLAIN = frozenset({"train", "training", "avg", "average", "mean", "total"}) | EVAL_WORDS
 NOT_A_RATE = frozenset({"min", "max", "init", "initial", "base", "peak", "warmup", "decay", "factor", "scale",
                         "scheduler", "finder", "steps"})
 
@@ -55,6 +57,8 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
         else:
             words.add(w)
     words.discard("")
+    if "cost" in words and words - {"cost"} <= _COST_PLAIN:
+        words = (words - {"cost"}) | {"loss"}  # "train_cost", "avg_cost": TF1 and Paddle's name for it
     xent = "xent" in words or "crossentropy" in words or {"cross", "entropy"} <= words
     if (xent or words & LOSS_WORDS) and not words & NOT_A_LOSS:
         if words & EVAL_WORDS:
@@ -94,3 +98,20 @@ def is_accuracy(key: str) -> bool:
 def names_with(names, words) -> list:
     """The series names that hold one of ``words`` (lowercased)."""
     return [n for n in names if any(w in n.lower() for w in words)]
+
+
+# a GAN logs a generator and a discriminator loss; neither is "the" loss: a hinge or relativistic
+# discriminator sits at exactly 0 by design while the generator trains
+_GAN_D = frozenset({"d", "dis", "disc", "discriminator", "netd"})
+_GAN_G = frozenset({"g", "gen", "generator", "netg"})
+
+
+def is_gan(names) -> bool:
+    """True when ``names`` hold both a discriminator and a generator loss (``d_loss`` and
+    ``g_loss``, ``loss_D`` and ``loss_G``, ``errD`` and ``errG``)."""
+    d = g = False
+    for n in names:
+        ws = {w.lower() for w in _WORD.findall(n)}
+        if ws & LOSS_WORDS or "err" in ws:
+            d, g = d or bool(ws & _GAN_D), g or bool(ws & _GAN_G)
+    return d and g

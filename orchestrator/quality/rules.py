@@ -13,7 +13,7 @@ from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import PROGRESS_WORDS, names_with, role_of
+from orchestrator.quality.roles import PROGRESS_WORDS, is_gan, names_with, role_of
 from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median
 from orchestrator.quality.tables import ABORT_SERIES
 
@@ -167,7 +167,8 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             start = zeros >= (ZERO_SEEN_LOGS if run.resumed else ZERO_START_LOGS) and zeros == len(tail) and (
                 zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
                 grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:])) and not (
-                objective_moving(run, first))  # GRPO's loss is exactly 0 at first, by construction
+                objective_moving(run, first)) and not (  # GRPO's loss is exactly 0 at first, by construction
+                is_gan(run.series))  # a hinge discriminator's loss is 0 by design
             # or one zero straight after a real loss, the gradient NaN on that log and the one
             # before (Qwen-VL: 1.0446 then 0.0, grad_norm nan on both): the NaN came first
             gnan = grad is not None and len(grad) >= 2 and not any(isfinite(v) for v in grad.values[-2:])

@@ -56,6 +56,28 @@ KNOWN_MISSES = {
     "dev9_weiliu89_caffe_ssd_i383_loss_climbs_constant_lr.log",
     # a header, then bare "G D" number pairs with no step and no key: nothing names the losses
     "dev9_soumith_ganhacks_i2_g_error_climbs_d_to_zero.log",
+    # the train loss 6.2739 on all 6 epochs shown (a bar postfix "Loss 6.2739, Raw Acc (..)"): frozen,
+    # but the frozen rule asks 8 equal logs of a 5-digit value, and the val loss moves
+    "dev10_guyuc_wsdan_i25_loss_6p2739_frozen_acc_chance.log",
+    # "Epoch N:" on a line of its own, then "Train loss" and "Valid loss" lines: the header is not
+    # taken as their step, so the train 1.6e18 and valid 1.9e7 of one epoch are not seen together
+    "dev10_juntang_zhuang_laddernet_i1_train_loss_1e18_epoch4.log",
+    # a GAN whose discriminator sits at 6-15 while the generator's loss is near 0: which side
+    # failed takes knowing that GAN's losses; neither is "the" loss
+    "dev10_carpedm20_dcgan_tf_i105_g_loss_zero_d_loss_15.log",
+    # 2 logs (epoch 130 of 10000) of an OCR model at accuracy 0.000 and cost 21.9: too few
+    "dev10_ilovin_lstm_ctc_ocr_i2_acc_zero_cost_21p9_epoch130.log",
+    # 10 epoch means creeping up at a constant LR with no witness beside them: too few for the
+    # trend rules, and rules_short.worsening asks an accuracy or val loss that got worse too
+    "dev10_keras_team_keras_i8680_cifar_epoch129_138_train_loss_creeps_up.log",
+    # 7 epochs: the val loss rises from epoch 3 and the val accuracy falls while the train loss
+    # improves; eval_regression warns (2 evals worse), the first verdict needs 13 points
+    "dev10_keras_team_keras_i3056_lstm_val_loss_rises_val_acc_falls.log",
+    # val_acc pinned at 0.4151 (one class's share) for the 6 epochs shown, the val loss not at ln K
+    "dev10_keras_team_keras_i2941_val_acc_pinned_0p4151_epoch2816.log",
+    # "Minibatch Loss= 0.0000" is the train loss, but a "Verification error= 0.0%, loss= 0.0000"
+    # line takes the plain name "loss", so the train series is the verification's (1 point)
+    "dev10_jakeret_tf_unet_i201_loss_0_accuracy_1_error_0.log",
 }
 
 

@@ -215,3 +215,27 @@ def test_python_logging_prefix_and_tensorflows_nan_hook(tmp_path):
     died = _run(tmp_path, lines + ["ERROR:tensorflow:Model diverged with loss = NaN."], "nan.log")
     v = judge(died, {})
     assert v["verdict"] == "STOP" and v["findings"][0]["evidence"].get("trainer_stopped")
+
+
+def test_a_bar_postfix_of_name_value_items_and_cost_as_the_loss(tmp_path):
+    # set_postfix_str("Loss %.4f, Raw Acc (%.2f, %.2f), Val Loss %.4f"): items after the rate
+    bar = ("Epoch %d/300: 100%%|##########| 8144/8144 [1:24:14<00:00,  1.61 batches/s, Loss %.4f, "
+           "Raw Acc (0.39, 2.49), Val Loss %.4f]")
+    lines = [bar % (e, 6 - e / 10, 44 + e / 10) for e in range(1, 9)]
+    plain = [ln.replace("Epoch %d/300" % e, "train") for e, ln in zip(range(1, 9), lines)]
+    # per-line, and (past 4 KiB with no epoch bar) the ordered scan
+    for name, text in (("short.log", lines), ("long.log", lines * 40), ("scan.log", plain * 40)):
+        run = _run(tmp_path, text, name)
+        assert run.get("loss") is not None and run.get("loss").values[0] == 5.9, name
+        assert run.get("val_loss").values[0] == 44.1 and "raw_acc" not in run.series
+    # TF1's "train_cost = 21.9" is the train loss; Paddle's "batch_cost: 0.5 s" is a time
+    run = _run(tmp_path, ["Epoch %d/100, accuracy = 0.1,train_cost = %.3f, batch_cost: 0.5" % (e, 20 - e)
+                          for e in range(1, 6)], "cost.log")
+    assert run.get("loss").name == "train_cost" and list(run.get("loss").values)[:2] == [19.0, 18.0]
+
+
+def test_a_gan_discriminator_at_zero_from_the_start_is_no_collapse(tmp_path):
+    lines = ["batch: %d  d_loss: 0.000000  g_loss: %.6f" % (9 * i, 9 + (i % 3)) for i in range(1, 30)]
+    assert judge(_run(tmp_path, lines), {})["verdict"] != "STOP"
+    one = ["batch: %d  loss: 0.000000  acc: 0.5" % (9 * i) for i in range(1, 30)]
+    assert judge(_run(tmp_path, one, "one.log"), {})["verdict"] == "STOP"  # no GAN: a collapse

@@ -127,7 +127,8 @@ def _witnessed(run: Run, out: List[Finding]) -> List[Finding]:
              and run.series[name].steps[-1] == at and not isfinite(run.series[name].values[-1])]
     if not names:
         return out
-    rest = [f for f in out if f.get("series") != "loss"]
+    # the witnesses' own one-point warns are this STOP's evidence now (``also_nonfinite``)
+    rest = [f for f in out if f.get("series") != "loss" and f.get("series") not in names]
     return rest + [finding("nonfinite_loss", "stop", at, {"series": "loss", "also_nonfinite": sorted(names)[:6],
                                                            "last_finite": _last_finite(loss)},
                            H.nonfinite(at, run.get("loss_scale") is not None), "loss")]

@@ -261,6 +261,8 @@ def test_one_nan_line_stops_when_a_second_loss_witnesses_it():
     two = run_of(ok + [{"loss": math.nan, "loss_cls": math.nan}])
     v = judge(two, {})
     assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["also_nonfinite"] == ["loss_cls"]
+    # the witness's own one-point warn is not repeated beside the STOP it is evidence for
+    assert [f["series"] for f in v["findings"] if f["code"] == "nonfinite_loss"] == ["loss"]
 
 
 def test_a_loss_near_zero_beside_an_accuracy_far_from_100_is_a_masked_loss():

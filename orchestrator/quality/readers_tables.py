@@ -23,12 +23,14 @@ class CsvSource:
         self.cursor = FileCursor(path)
         self.header: List[str] = []
         self.header_line = b""
+        self.epoch: Optional[float] = None  # the last row's epoch, for a table with no step column
 
     def poll(self, run: Run) -> str:
         with open(self.path, "rb") as f:
             first = f.readline()
             if (self.header_line and first != self.header_line) or not self.cursor.check(f):
                 self.cursor, self.header, self.header_line = FileCursor(self.path), [], b""
+                self.epoch = None
                 return "reset"
             if not first.endswith(b"\n"):
                 return "ok"
@@ -68,11 +70,28 @@ class CsvSource:
                 step = float(cells[step_i])
             else:
                 step = (run.last_step + 1) if run.last_step is not None else 0.0
+                epoch = _num(cells[epoch_i]) if epoch_i >= 0 else None
+                if epoch is not None:
+                    if self.epoch is not None and epoch < self.epoch:
+                        # the epoch column went back: another run appended to the file (Keras'
+                        # CSVLogger(append=True)) or a resume from an earlier epoch; its rows
+                        # start a new timeline at that epoch, as a text log's second run does
+                        step = min(step, epoch)
+                    self.epoch = epoch
             run.add_record(step, vals)
         return "ok"
 
     def state(self) -> dict:
         return dict(self.cursor.state(), header=self.header_line.decode("utf-8", "replace"))
+
+
+def _num(cell: str) -> Optional[float]:
+    """A cell's finite number, or None (empty, text, NaN)."""
+    try:
+        v = float(cell)
+    except ValueError:
+        return None
+    return v if v == v and abs(v) != float("inf") else None
 
 
 _TS_SKIP = {"step", "epoch", "total_flos", "train_runtime", "remaining_time", "num_input_tokens_seen",

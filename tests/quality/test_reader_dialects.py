@@ -239,3 +239,22 @@ def test_a_gan_discriminator_at_zero_from_the_start_is_no_collapse(tmp_path):
     assert judge(_run(tmp_path, lines), {})["verdict"] != "STOP"
     one = ["batch: %d  loss: 0.000000  acc: 0.5" % (9 * i) for i in range(1, 30)]
     assert judge(_run(tmp_path, one, "one.log"), {})["verdict"] == "STOP"  # no GAN: a collapse
+
+
+def test_a_keras_csv_appended_by_several_runs_is_judged_on_its_last(tmp_path):
+    # CSVLogger(append=True): every run writes epochs 0..N under the one header; each run starts
+    # higher than the last one ended, which read as one timeline was a jump to a STOP
+    rows = ["epoch,acc,loss,val_acc,val_loss"]
+    for run in range(3):
+        for e in range(20):
+            ls = 2.3 * math.exp(-e / 4) + 0.3 + run * 0.05
+            rows.append("%d,%.4f,%.4f,%.4f,%.4f" % (e, 1 - ls / 3, ls, 1 - ls / 2.8, ls * 1.1))
+    p = tmp_path / "training_log.csv"
+    p.write_text("\n".join(rows) + "\n")
+    run = Tracker([str(p)]).update()
+    loss = run.get("loss")
+    assert len(loss) == 20 and loss.dropped == 40 and judge(run, {})["verdict"] != "STOP"
+    # a resume from epoch 15 after epoch 20 goes back to 15, not to the row count
+    p.write_text("\n".join(rows[:21] + ["%d,0.9,0.4,0.9,0.45" % e for e in range(15, 25)]) + "\n")
+    loss = Tracker([str(p)]).update().get("loss")
+    assert list(loss.steps[13:18]) == [13, 14, 15, 16, 17] and loss.steps[-1] == 24 and loss.dropped == 5

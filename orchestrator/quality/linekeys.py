@@ -121,6 +121,8 @@ def _opens_index(seg: str) -> bool:
     minibatch):  9.66``, whose bracket holds where the value was logged, not the value."""
     if not seg.endswith("[") and not seg.rstrip(" ").endswith("["):
         return False
+    if seg.rstrip(" [")[-1:] in (":", "="):
+        return False  # "loss: [nan]" (Paddle): a one-element list is the value, not where it was logged
     raw = _key_of(seg)
     return bool(raw) and raw not in STEP_KEYS and raw != "epoch" and (
         SYNONYMS.get(raw, raw) in _KNOWN or any(m in raw for m in _METRICISH))
@@ -171,8 +173,8 @@ def _key_of(seg: str) -> str:
             k = qual + " " + head
     if " " in k:
         words = k.split(" ")
-        while len(words) > 1 and words[0] in _CONNECTIVES:
-            del words[0]  # "... 0.249 and loss 1.386": the connective names nothing
+        while len(words) > 1 and (words[0] in _CONNECTIVES or not any(c.isalnum() for c in words[0])):
+            del words[0]  # "... 0.249 and loss 1.386", "- valid loss: 1.23": names nothing
         while len(words) > 1 and words[-1] in _VERBS:
             del words[-1]  # "Loss is 2.30" (BigDL, MindSpore): the verb between name and value
         if len(words) == 1:
@@ -185,6 +187,9 @@ def _key_of(seg: str) -> str:
             return "_".join(words)
         if k in SYNONYMS or k in STEP_KEYS:
             return k
+        if 1 < len(words) <= 4 and words[0] in _SPLIT_WORDS and k != "epoch" and _IDENT.match(k) \
+                and all(w.isalpha() for w in words[1:-1]):
+            return "_".join(words[:-1] + [k])  # "valid WER", "test avg ppl": the split says which
     return k if _IDENT.match(k) else _NOKEY
 
 

@@ -258,3 +258,20 @@ def test_a_keras_csv_appended_by_several_runs_is_judged_on_its_last(tmp_path):
     p.write_text("\n".join(rows[:21] + ["%d,0.9,0.4,0.9,0.45" % e for e in range(15, 25)]) + "\n")
     loss = Tracker([str(p)]).update().get("loss")
     assert list(loss.steps[13:18]) == [13, 14, 15, 16, 17] and loss.steps[-1] == 24 and loss.dropped == 5
+
+
+@pytest.mark.parametrize("line, step, vals", [
+    # Paddle prints a loss as a one-element list after its key
+    ("Total iter: 10, epoch: 0, batch: 10, loss: [nan]", 10.0, {"loss": "nan"}),
+    # speechbrain: " - " between pairs; a dash names nothing, "valid" says which loss and which WER
+    ("train_logger - epoch: 2, lr: 1.00e+00 - train loss: 7.26e-01 - valid loss: 1.27, valid WER: 1.54e+02",
+     2.0, {"loss": 0.726, "val_loss": 1.27, "valid_wer": 154.0}),
+    # PPASR: a batch out of the epoch's after a bare epoch
+    ("Train epoch: 0, batch: 750/34799, loss: 6.70559, learning rate: 0.0001", 750.0, {"loss": 6.70559}),
+])
+def test_list_values_dash_pairs_split_metrics_and_epoch_batches(line, step, vals):
+    got = LineParser().parse(line)
+    assert got is not None and got[0] == step
+    read = dict(got[1])
+    for k, v in vals.items():
+        assert (math.isnan(read[k]) if v == "nan" else read[k] == v), (k, read)

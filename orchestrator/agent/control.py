@@ -243,7 +243,8 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
         waited = time.time() - start
         died = proc is not None and proc.poll() is not None
         # a dead process fails now; a live one past the timeout is waited for up to SLOW_START_S
-        if died or waited > timeout and (proc is None or waited > max(timeout, SLOW_START_S) or _disk_full(state_dir)):
+        if died or waited > timeout and (proc is None or waited > max(timeout, SLOW_START_S)
+                                         or _disk_full(state_dir) is not None):  # 0 bytes free is full
             break
         time.sleep(0.02)
     # operational, not a bug: a slow disk, a full one, or a crash at start (the log says which)

@@ -181,9 +181,13 @@ def test_cli_says_disk_full_in_queue_status_and_agent_status(home, tmp_path):
         fs.close()
 
 
-def test_no_daemon_can_start_on_a_full_fresh_disk_and_ensure_says_why(disk):
+def test_no_daemon_can_start_on_a_full_fresh_disk_and_ensure_says_why(disk, monkeypatch):
     """A state dir that never had a daemon, on a full disk: nothing can be created, and the
-    start error names the full disk (it used to read like a crash, with the log on that disk)."""
+    start error names the full disk (it used to read like a crash, with the log on that disk).
+    A full disk is no slow start: the error comes at the timeout, not after ``SLOW_START_S``
+    (0 bytes free once read as "not full" and waited the whole 90 s)."""
+    import time
+
     from orchestrator.agent import control
     from orchestrator.agent.protocol import VerbError
     from orchestrator.core import agentship
@@ -191,8 +195,11 @@ def test_no_daemon_can_start_on_a_full_fresh_disk_and_ensure_says_why(disk):
     sd = disk.path / "fresh"
     sd.mkdir()
     disk.fill()
+    monkeypatch.setattr(control, "SLOW_START_S", 600.0)
+    t0 = time.monotonic()
     with pytest.raises(VerbError) as err:
         control.ensure(str(sd), str(pyz), "b-full", timeout=2.0)
+    assert time.monotonic() - t0 < 60  # the timeout's 2 s and the daemon's exit, not the slow bound
     assert err.value.kind == "agent_start" and "disk full" in str(err.value), err.value
     assert "df -h" in err.value.hint
 

@@ -114,16 +114,18 @@ def test_a_daemon_started_on_a_full_disk_runs_and_catches_up(disk):
 
 
 @pytest.mark.slow
-def test_chaos_disk_filled_and_freed_10_times_while_10_jobs_run(disk, tmp_path):
+def test_chaos_disk_filled_and_freed_7_times_while_10_jobs_run(disk, tmp_path):
     ledger = tmp_path / "ledger"        # on the real disk: every start is counted
     box = BoxAgent(disk.path, {"slots": 10})
-    box.submit(_jobs(10, codes=(0, 1, 3), base=0.8, step=2.2, ledger=ledger))  # ends spread over ~21 s
+    # ends spread over ~14 s, all while the disk is filled and freed (7 cycles of ~1.7 s; the suite's
+    # CI budget: 10 cycles over ~21 s cost 10-13 s more of it)
+    box.submit(_jobs(10, codes=(0, 1, 3), base=0.8, step=1.5, ledger=ledger))
     _wait(lambda: all(j["state"] == "running" for j in box.jobs().values()), 20, "10 jobs running")
     daemon = box.daemon_pid()
     rng = random.Random(14)
     cycles, saw_full = 0, 0
     deadline = time.time() + 45
-    while (cycles < 10 or any(j["state"] == "running" for j in box.jobs().values())) and time.time() < deadline:
+    while (cycles < 7 or any(j["state"] == "running" for j in box.jobs().values())) and time.time() < deadline:
         disk.fill()
         time.sleep(rng.uniform(0.4, 1.6))
         if (box.ok("status", {}, ensure=False).get("disk") or {}).get("full"):
@@ -132,7 +134,7 @@ def test_chaos_disk_filled_and_freed_10_times_while_10_jobs_run(disk, tmp_path):
         disk.free()
         cycles += 1
         time.sleep(rng.uniform(0.2, 1.2))
-    assert cycles >= 10 and saw_full >= cycles - 1
+    assert cycles >= 7 and saw_full >= cycles - 1
     jobs = box.wait(timeout=30)
     assert alive(daemon) and box.daemon_pid() == daemon, "one daemon all along"
     want = {"j%d" % i: ("succeeded", 0) if i % 3 == 0 else ("failed", (0, 1, 3)[i % 3]) for i in range(10)}

@@ -105,7 +105,7 @@ class LineParser:
             if ck is not None:
                 return ck[0], ck[1], None
         if "oss is " in line or "oss became " in line or "oss was " in line or "oss in " in line \
-                or "diverged with loss" in line:
+                or "diverged with loss" in line or "oss scale" in line:
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:
                 return ab[0], ab[1], None

@@ -151,8 +151,18 @@ def checkpoint_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]
     return float(m.group(1)), [(m.group(2), float(m.group(3)))]
 
 
+# fp16's dynamic loss scale at its floor, in the trainer's own words as it gives up: fairseq's
+# "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding",
+# DeepSpeed's "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
+SCALE_ABORT = re.compile(r"\bminimum loss scale reached\b|\bloss scale already at minimum\b", re.IGNORECASE)
+
+
 def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
-    """(step or None, [(ABORT_SERIES, value)]) for a trainer's abort on a non-finite loss."""
+    """(step or None, [(ABORT_SERIES, value)]) for a trainer's abort on a non-finite loss, or on
+    an fp16 loss scale that reached its minimum (every step overflowed: the loss is exploding)."""
+    if SCALE_ABORT.search(line):
+        it = _AT_ITER.search(line)
+        return (float(it.group(1)) if it else None), [(ABORT_SERIES, math.inf)]
     m = ABORT.search(line)
     if m is None or _SKIPS.search(line, m.end()):
         return None

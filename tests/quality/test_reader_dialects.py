@@ -275,3 +275,18 @@ def test_list_values_dash_pairs_split_metrics_and_epoch_batches(line, step, vals
     read = dict(got[1])
     for k, v in vals.items():
         assert (math.isnan(read[k]) if v == "nan" else read[k] == v), (k, read)
+
+
+@pytest.mark.parametrize("last", [
+    "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering the "
+    "learning rate, using gradient clipping or increasing the batch size.",
+    "[deepspeed] Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+])
+def test_an_fp16_loss_scale_at_its_minimum_is_the_trainers_own_abort(tmp_path, last):
+    lines = ["epoch 001 | step %d | loss %.3f | loss_scale %d" % (i, 9 - i / 10, 2 ** (16 - i)) for i in range(1, 15)]
+    assert judge(_run(tmp_path, lines), {})["verdict"] != "STOP"
+    v = judge(_run(tmp_path, lines + [last], "ended.log"), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["evidence"].get("trainer_stopped")
+    # the overflow notes before it are no abort: a skipped step is what a loss scaler does
+    note = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, reducing to 512"
+    assert judge(_run(tmp_path, lines + [note], "note.log"), {})["verdict"] != "STOP"

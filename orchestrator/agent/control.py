@@ -234,6 +234,7 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=env)
     log.close()
+    from orchestrator.agent.diskfull import HINT, full_free  # here: verbs that start nothing skip sqlite3
     start = time.time()
     while True:
         info = running_daemon(state_dir)
@@ -244,12 +245,11 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
         died = proc is not None and proc.poll() is not None
         # a dead process fails now; a live one past the timeout is waited for up to SLOW_START_S
         if died or waited > timeout and (proc is None or waited > max(timeout, SLOW_START_S)
-                                         or _disk_full(state_dir) is not None):  # 0 bytes free is full
+                                         or full_free(state_dir) is not None):  # 0 bytes free is full
             break
         time.sleep(0.02)
     # operational, not a bug: a slow disk, a full one, or a crash at start (the log says which)
-    from orchestrator.agent.diskfull import HINT
-    free = _disk_full(state_dir)
+    free = full_free(state_dir)
     if free is not None:  # the log is on that disk too: say it here
         raise VerbError("the agent daemon did not start within %ds: disk full (%s has %d KiB free)"
                         % (timeout, state_dir, free // 1024), AGENT_START, HINT % state_dir)
@@ -259,13 +259,6 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
     raise VerbError(what + (": %s" % last if last else ""), AGENT_START,
                     "see the last lines of %s on the host; a full disk or a broken Python are the usual causes"
                     % files(state_dir)["log"])
-
-
-def _disk_full(state_dir: str) -> Optional[int]:
-    """The free bytes of ``state_dir``'s disk when it is full, else None."""
-    from orchestrator.agent.diskfull import FULL_BELOW, free_bytes
-    free = free_bytes(state_dir)
-    return free if free is not None and free < FULL_BELOW else None
 
 
 def _last_line(path: str, since: int, limit: int = 300) -> str:

@@ -61,6 +61,13 @@ def free_bytes(path: str) -> Optional[int]:
     return st.f_bavail * st.f_frsize
 
 
+def full_free(path: str) -> Optional[int]:
+    """The free bytes of ``path``'s disk when it counts as full (under ``FULL_BELOW``; 0 is full),
+    else None (room, or unknown)."""
+    free = free_bytes(path)
+    return free if free is not None and free < FULL_BELOW else None
+
+
 class SafeStream:
     """A text stream whose writes and flushes never raise: a log line lost to a full disk must
     not take the daemon with it. ``dropped`` counts the writes that failed."""
@@ -173,8 +180,8 @@ class DiskWatch:
     def check(self) -> None:
         """Raise ENOSPC when ``statvfs`` shows the disk full: called after a pass that raised
         nothing (it may have written nothing), so "full" is never cleared while it still is."""
-        free = free_bytes(self.state_dir)
-        if free is not None and free < FULL_BELOW:
+        free = full_free(self.state_dir)
+        if free is not None:
             raise OSError(errno.ENOSPC, "no space left on the state dir's disk (%d bytes free)" % free)
 
     def passed(self, store: Any) -> None:

@@ -19,7 +19,7 @@ from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, 
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, Wrap, epoch_step, has_epoch_bar)
 from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, darknet_record,
-                                         has_table_head, table_head)
+                                         has_table_head, may_abort, table_head)
 
 CHUNK = 8 << 20
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
@@ -104,8 +104,7 @@ class LineParser:
             ck = checkpoint_record(line)
             if ck is not None:
                 return ck[0], ck[1], None
-        if "oss is " in line or "oss became " in line or "oss was " in line or "oss in " in line \
-                or "diverged with loss" in line or "oss scale" in line:
+        if may_abort(line):
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:
                 return ab[0], ab[1], None

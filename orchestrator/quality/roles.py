@@ -95,6 +95,20 @@ def is_accuracy(key: str) -> bool:
     return any(w == "accu" or w.endswith(("acc", "accuracy")) for w in (x.lower() for x in _WORD.findall(key)))
 
 
+@lru_cache(maxsize=4096)
+def is_eval_side(key: str) -> bool:
+    """True for a held-out metric by its words (``val_acc``, ``val/box_loss``, ``test_f1``,
+    ``Validation Accuracy``), glued ones (``valacc``, ``testloss``) and ultralytics' ``metrics/``
+    (``metrics/mAP50(B)`` is measured on the val set)."""
+    if key.lower().startswith("metrics/"):
+        return True
+    for w in _WORD.findall(key):
+        w = w.lower()
+        if w in EVAL_WORDS or (w.startswith(("val", "test", "eval")) and w.endswith(("acc", "accuracy", "loss"))):
+            return True
+    return False
+
+
 def names_with(names, words) -> list:
     """The series names that hold one of ``words`` (lowercased)."""
     return [n for n in names if any(w in n.lower() for w in words)]

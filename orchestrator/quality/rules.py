@@ -123,8 +123,11 @@ def _witnessed(run: Run, out: List[Finding]) -> List[Finding]:
     if loss is None or isfinite(loss.values[-1]) or any(f["severity"] == "stop" for f in out):
         return out
     at = loss.steps[-1]
-    names = [name for name in run.series if name != "loss" and "loss" in name and len(run.series[name])
-             and run.series[name].steps[-1] == at and not isfinite(run.series[name].values[-1])]
+    names = []
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        w = run.series[name] if name != "loss" and "loss" in name else None
+        if w is not None and len(w) and w.steps[-1] == at and not isfinite(w.values[-1]):
+            names.append(name)
     if not names:
         return out
     # the witnesses' own one-point warns are this STOP's evidence now (``also_nonfinite``)

@@ -10,7 +10,7 @@ import math
 from typing import List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import EVAL_WORDS, RL_WORDS, _WORD, is_accuracy, names_with
+from orchestrator.quality.roles import RL_WORDS, is_accuracy, is_eval_side, names_with
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -216,15 +216,14 @@ def masked_loss(run: Run, opts: dict) -> List[Finding]:
         return []
     steps = s.steps[-MASKED_LOGS:]
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or any(w.lower() in EVAL_WORDS for w in _WORD.findall(name)):
+        if not is_accuracy(name) or is_eval_side(name):
             continue
         a = run.series[name]
-        beside = dict(zip(a.steps[-64:], a.values[-64:]))  # recent logs: a check stays O(1)
-        accs = [_frac(beside.get(st)) for st in steps]
+        accs = [_frac(a.at(st)) for st in steps]
         if all(MASKED_ACC[0] <= v <= MASKED_ACC[1] for v in accs):
             k = len(s) - MASKED_LOGS  # the onset: back to where the pair first disagreed
             while k > 0 and 0.0 <= s.values[k - 1] < MASKED_LOSS and \
-                    MASKED_ACC[0] <= _frac(beside.get(s.steps[k - 1])) <= MASKED_ACC[1]:
+                    MASKED_ACC[0] <= _frac(a.at(s.steps[k - 1])) <= MASKED_ACC[1]:
                 k -= 1
             return [finding("loss_collapse", "stop", s.steps[k],
                             {"series": s.name, "last_values": [_r(v) for v in tail], "accuracy": name,

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import List, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import is_accuracy
+from orchestrator.quality.roles import is_accuracy, is_eval_side
 from orchestrator.quality.rules import Finding, _num, _r, finding, objective_moving, point_noise
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -250,9 +250,8 @@ def above_uniform(s: Series, run: Run) -> List[Finding]:
     if not all(isfinite(v) and v > ABOVE_UNIFORM for v in tail) or median(tail[-5:]) < 0.95 * median(tail[:5]):
         return []
     p = run.series[names[0]]
-    beside = dict(zip(p.steps[-4 * ABOVE_UNIFORM_LOGS:], p.values[-4 * ABOVE_UNIFORM_LOGS:]))
     for st, v in zip(s.steps[-ABOVE_UNIFORM_LOGS:], tail):
-        q = beside.get(st)
+        q = p.at(st)
         if q is None or not isfinite(q) or q <= 1.0 or abs(math.log(q) - v) > 0.01 * v:
             return []
     k = len(s) - ABOVE_UNIFORM_LOGS
@@ -310,7 +309,7 @@ def _eval_acc_frozen(run: Run, since: float) -> bool:
     are one value. ``since`` is one eval before the eval loss's window: an eval's accuracy line
     may come after its loss line, and a check between the two must not retract the STOP."""
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or not name.lower().startswith(("val", "eval", "test", "valid")):
+        if not is_accuracy(name) or not is_eval_side(name):
             continue
         a = run.series[name]
         i = bisect_left(a.steps, since)

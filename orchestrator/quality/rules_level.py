@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.rules import Finding, _exp, _num, _r, finding, point_noise
-from orchestrator.quality.roles import EVAL_WORDS, _WORD
+from orchestrator.quality.roles import is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD = 1e6  # a loss this large is a failure (unless the run started there and is moving)
@@ -312,12 +312,6 @@ PATIENCE = 5  # evals in a row
 TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy loss's best is a lucky log)
 
 
-def _eval_side(name: str) -> bool:
-    """A held-out metric by its words (``val_acc``, ``val/box_loss``, ``test_f1``, ``eval/wer``),
-    or under ultralytics' ``metrics/`` (``metrics/mAP50(B)`` is measured on the val set)."""
-    return name.lower().startswith("metrics/") or any(w.lower() in EVAL_WORDS for w in _WORD.findall(name))
-
-
 def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     """STOP when the last ``PATIENCE`` evals of every eval metric whose direction is known are no
     better than that metric's best before them, the eval loss by more than 10%, and the train
@@ -344,7 +338,7 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     judged = []
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         low = name.lower()
-        if not _eval_side(name) or any(w in low for w in _NOT_METRIC):
+        if not is_eval_side(name) or any(w in low for w in _NOT_METRIC):
             continue
         s = run.series[name]
         if len(s) <= PATIENCE:

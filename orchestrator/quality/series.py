@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from itertools import islice
 from operator import gt
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -153,6 +153,11 @@ class Series:
         out.steps = self.steps[:i]
         out.values = self.values[:i]
         return out
+
+    def at(self, step: float) -> Optional[float]:
+        """The value logged at exactly ``step`` (the last such point), None when none was."""
+        i = bisect_right(self.steps, step)
+        return self.values[i - 1] if i and self.steps[i - 1] == step else None
 
     def tail(self, n: int) -> List[float]:
         return list(self.values[-n:]) if n > 0 else []

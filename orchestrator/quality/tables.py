@@ -157,6 +157,12 @@ def checkpoint_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]
 SCALE_ABORT = re.compile(r"\bminimum loss scale reached\b|\bloss scale already at minimum\b", re.IGNORECASE)
 
 
+def may_abort(line: str) -> bool:
+    """A cheap test, before ``abort_record``'s regexes, for the words every abort line holds."""
+    return "oss is " in line or "oss became " in line or "oss was " in line or "oss in " in line \
+        or "diverged with loss" in line or "oss scale" in line
+
+
 def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
     """(step or None, [(ABORT_SERIES, value)]) for a trainer's abort on a non-finite loss, or on
     an fp16 loss scale that reached its minimum (every step overflowed: the loss is exploding)."""

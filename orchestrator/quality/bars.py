@@ -17,6 +17,7 @@ _POSTFIX = re.compile(r"([A-Za-z_][\w/.\-]*)=\s*" + _NUM + r"(?![\w.])")
 # a postfix written "Name value" (``set_postfix_str("Loss %.4f, Val Loss %.4f" % ...)``): after the
 # rate, comma-separated items of words then one number ("Raw Acc (0.39, 2.49)" names no one value)
 _RATE_THEN = re.compile(r"(?:/s|/it)\s*,\s*(?=[A-Za-z])")
+_ITEMS = re.compile(r",(?![^()]*\))")  # the commas outside parentheses: "Raw Acc (0.39, 2.49)" is one item
 _SPACED = re.compile(r"\s*([A-Za-z][A-Za-z_/.\- ]*?)\s+" + _NUM + r"\s*\Z")
 
 
@@ -50,16 +51,11 @@ def _spaced(line: str) -> List[Tuple[str, str]]:
     tail = line[m.end():].rstrip()
     if tail.endswith("]"):
         tail = tail[:-1]
-    out, depth, item = [], 0, []
-    for ch in tail + ",":  # split on the commas outside parentheses
-        if ch == "," and depth == 0:
-            sm = _SPACED.match("".join(item))
-            if sm:
-                out.append((_key_of(sm.group(1) + " ") or sm.group(1).strip(), sm.group(2)))
-            item = []
-            continue
-        depth += (ch in "([") - (ch in ")]")
-        item.append(ch)
+    out = []
+    for item in _ITEMS.split(tail):
+        sm = _SPACED.match(item)
+        if sm:
+            out.append((_key_of(sm.group(1) + " ") or sm.group(1).strip(), sm.group(2)))
     return out
 
 

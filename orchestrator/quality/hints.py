@@ -34,6 +34,9 @@ def nonfinite_final(step) -> str:
 
 COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or masked away (all labels "
             "ignored, empty targets) or fp16 overflowed; check the label mask and try bf16.")
+SCALE_FLOOR = ("fp16's loss scale is at its floor and steps still overflow: every step is skipped, nothing trains. "
+               "The loss or gradients exploded before scaling: resume from an earlier checkpoint with bf16, a lower "
+               "LR or gradient clipping.")
 ABOVE_UNIFORM = ("a cross-entropy above a uniform guess over a million tokens: the model is worse than guessing, "
                  "diverged. Lower the LR 10x (the PyTorch word-LM example's default lr 20 is for its LSTM), clip the "
                  "grad norm, and restart from the first checkpoint, not the latest.")

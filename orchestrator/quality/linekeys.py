@@ -79,11 +79,18 @@ def _at_step(m: "re.Match[str]") -> str:
     return "%s %s, %s " % (m.group(2), m.group(3), "loss" if name == "score" else name)
 
 
+_BAR_THEN_LOG = re.compile(r"(?<=it/s\])(?=\S)|(?<=s/it\])(?=\S)")
+
+
 def unwrap_values(text: str) -> str:
     """``text`` with each value printed inside a tensor / array / numpy scalar as the bare number,
     and "NAME at iteration N is X" as "iteration N, NAME X"."""
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
+    if ("verflow" in text or "VERFLOW" in text) and "%|" in text:
+        # tqdm draws its bar with no newline: a logger's line written then lands on the bar's
+        # line ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32"); it is a line of its own
+        text = _BAR_THEN_LOG.sub("\n", text)
     if not any(w in text for w in _WRAPS):
         return text  # the common case: one substring scan per wrapper name, no regex
     return _WRAPPED.sub(lambda m: m.group(1) or m.group(2), text)

@@ -21,6 +21,7 @@ from orchestrator.quality.linekeys import (_GLOG, _KNOWN, _METRICISH, NUM_SPLIT,
 from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP, LineParser
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
+from orchestrator.quality.tables import may_abort
 
 # every separator str.splitlines() breaks on, so each row is exactly one splitlines() line
 _BRK = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -54,6 +55,8 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
     more than the tokens (``[e][i/n]`` stands in for the step, a tqdm bar)."""
     if any("%|" in s for s in segs):
         return None
+    if may_abort(" ".join(segs)):
+        return None  # an abort or overflow note: parse() reads it by its words, not its tokens
     batch_cols = _epoch_batch_cols(segs)
     if batch_cols is None and context_shape(segs):
         return None

@@ -13,7 +13,7 @@ from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import PROGRESS_WORDS, is_gan, names_with, role_of
+from orchestrator.quality.roles import PROGRESS_WORDS, RL_WORDS, is_gan, names_with, role_of
 from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median
 from orchestrator.quality.tables import ABORT_SERIES
 
@@ -180,11 +180,19 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # more (labels all masked; a GRPO policy collapsed to one output, every advantage 0)
             gdead = grad is not None and len(grad) >= 3 and grad.values[-1] == 0.0 == grad.values[-2] and any(
                 isfinite(v) and v > 0 for v in grad.values[-50:-2])
+            # or the loss and the gradient both exactly 0 on the same log, in a run with no RL or
+            # preference objective: two witnesses on one line, not a noisy point. A supervised
+            # loss of 0.0 computes a gradient; none at all means nothing reaches the weights
+            # (every label masked, an fp16 overflow zeroed, a frozen model). GRPO logs 0/0 when
+            # every completion got the same reward, by construction: its reward series exempts it
+            both0 = (grad is not None and len(grad) and grad.steps[-1] == loss.steps[-1] and grad.values[-1] == 0.0
+                     and loss.values[-1] == 0.0 and not names_with(run.series, RL_WORDS) and not is_gan(run.series))
             sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden) or start
-                   or (sudden and gnan) or gdead else "warn" if zeros >= 2 else "info")
+                   or (sudden and gnan) or gdead or both0 else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
                                                               "subnormal_values": exact, "sudden": sudden,
-                                                              "from_start": start, "grad_stopped": gdead},
+                                                              "from_start": start, "grad_stopped": gdead,
+                                                              "grad_zero_same_log": both0},
                                H.COLLAPSE, "loss"))
     if grad is not None:
         tail = grad.values[-50:]

@@ -13,6 +13,7 @@ from orchestrator.quality import hints as H
 from orchestrator.quality.roles import RL_WORDS, is_accuracy, is_eval_side, names_with
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.series import Run, Series, isfinite, median
+from orchestrator.quality.tables import OVERFLOW_SERIES
 
 
 def lr_schedule(run: Run, opts: dict) -> List[Finding]:
@@ -236,3 +237,28 @@ def _frac(v: Optional[float]) -> float:
     if v is None or not isfinite(v):
         return math.nan
     return v / 100.0 if v > 1.0 else v
+
+
+# fp16 tops out at 65504: for a loss that is a mean (DeepSpeed, apex), a dynamic loss scale of 4
+# or less that still overflows means gradients or activations past 16,000 before any scaling,
+# which no working fp16 run has (both start at 2^16-2^32 and settle near 2^10-2^17; their floor
+# is 1). Two overflows in a row at that level: steps are being skipped, the run no longer trains.
+OVERFLOW_FLOOR, OVERFLOW_LOGS = 4.0, 2
+
+
+def loss_scale_floor(run: Run, opts: dict) -> List[Finding]:
+    """STOP when the scale set after an overflow (``tables.OVERFLOW_SERIES``) was at most
+    ``OVERFLOW_FLOOR`` on the last ``OVERFLOW_LOGS`` notes. The many halvings at a healthy fp16
+    run's start come down from 2^16 or more. A reported ``loss_scale`` series proves nothing
+    alone: Megatron prints 1.0 for a bf16 run (nothing scaled), fairseq 0.004 for a healthy one."""
+    ov = run.get(OVERFLOW_SERIES)
+    if ov is not None and len(ov) >= OVERFLOW_LOGS and all(
+            0.0 <= v <= OVERFLOW_FLOOR for v in ov.values[-OVERFLOW_LOGS:]):
+        k = len(ov) - OVERFLOW_LOGS
+        while k > 0 and 0.0 <= ov.values[k - 1] <= OVERFLOW_FLOOR:
+            k -= 1
+        return [finding("loss_scale_floor", "stop", ov.steps[k],
+                        {"series": OVERFLOW_SERIES, "last_values": [_r(v) for v in ov.values[-4:]],
+                         "overflows_at_floor": len(ov) - k, "floor": OVERFLOW_FLOOR}, H.SCALE_FLOOR, OVERFLOW_SERIES)]
+    return []
+

@@ -157,6 +157,17 @@ def checkpoint_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]
 SCALE_ABORT = re.compile(r"\bminimum loss scale reached\b|\bloss scale already at minimum\b", re.IGNORECASE)
 
 
+# fp16's dynamic loss scale halved after an overflow, in the words of the trainers whose loss is
+# a mean: DeepSpeed's "OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32",
+# apex's "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0". The
+# value is the scale the trainer goes on with (``OVERFLOW_SERIES``; ``rules_aux.loss_scale_floor``).
+# fairseq's "setting loss scale to: 0.004" is not read: its loss is a sum over tokens, so a scale
+# far below 1 is ordinary there, and its own floor ends the run in words ``SCALE_ABORT`` reads.
+OVERFLOW_SERIES = "overflow_scale"
+_OVERFLOW = re.compile(r"overflow\b.{0,120}?reducing (?:loss scale )?to *([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)",
+                       re.IGNORECASE)
+
+
 def may_abort(line: str) -> bool:
     """A cheap test, before ``abort_record``'s regexes, for the words every abort line holds."""
     return "oss is " in line or "oss became " in line or "oss was " in line or "oss in " in line \
@@ -169,6 +180,9 @@ def abort_record(line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, f
     if SCALE_ABORT.search(line):
         it = _AT_ITER.search(line)
         return (float(it.group(1)) if it else None), [(ABORT_SERIES, math.inf)]
+    ov = _OVERFLOW.search(line)
+    if ov is not None:  # a skipped step is no abort, but the scale it leaves is a state to judge
+        return None, [(OVERFLOW_SERIES, float(ov.group(1)))]
     m = ABORT.search(line)
     if m is None or _SKIPS.search(line, m.end()):
         return None

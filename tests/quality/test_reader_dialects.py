@@ -290,3 +290,32 @@ def test_an_fp16_loss_scale_at_its_minimum_is_the_trainers_own_abort(tmp_path, l
     # the overflow notes before it are no abort: a skipped step is what a loss scaler does
     note = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, reducing to 512"
     assert judge(_run(tmp_path, lines + [note], "note.log"), {})["verdict"] != "STOP"
+
+
+def _overflows(scales, step0=377, every=1):
+    """DeepSpeed's notes as a HF run prints them: each after the tqdm bar, on the bar's own line."""
+    out = []
+    for i, sc in enumerate(scales):
+        s = step0 + i * every
+        out.append(" 14%%|#4        | %d/2724 [13:55:57<86:19:20, 132.41s/it][2023-06-07 22:16:00,018] [INFO] "
+                   "[loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss "
+                   "scale: %d, reducing to %d" % (s, sc * 2, sc))
+    return out
+
+
+def test_overflow_notes_down_to_the_floor_stop_the_halvings_of_a_healthy_start_do_not(tmp_path):
+    dicts = ["{'loss': %.4f, 'learning_rate': 0.0002, 'epoch': 0.%02d}" % (2.5 - i / 50, i) for i in range(20)]
+    # a healthy start: 2^32 down to 2^15 on consecutive steps, then training goes on
+    v = judge(_run(tmp_path, _overflows([2 ** k for k in range(31, 14, -1)], step0=1) + dicts, "start.log"), {})
+    assert v["verdict"] != "STOP", v["reason"]
+    # mid-run, the scale halves on every step down to 2 (the notes share the bar's line)
+    run = _run(tmp_path, dicts + _overflows([32, 16, 8, 4, 2]), "floor.log")
+    assert [round(x) for x in run.series["overflow_scale"].values] == [32, 16, 8, 4, 2]
+    v = judge(run, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "loss_scale_floor"
+    assert v["findings"][0]["step"] == 380  # the first note at the floor (4), on its bar's step
+    # fairseq sums its loss over tokens: a scale of 0.004 is ordinary there, and not read
+    fs = ["| WARNING: overflow detected, setting loss scale to: %s" % (2.0 ** -k) for k in range(4, 9)]
+    rows = ["| epoch 001:  %d / 1374 loss=%.3f, num_updates=%d, loss_scale=0.004" % (i, 14 - i / 100, i)
+            for i in range(100, 1500, 100)]
+    assert judge(_run(tmp_path, fs + rows, "fairseq.log"), {})["verdict"] != "STOP"

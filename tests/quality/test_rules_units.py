@@ -412,3 +412,17 @@ def test_exact_zero_on_every_log_of_a_log_that_starts_mid_run(n, stop):
         r.add_record(6739 + 20 * i, [("total_loss", 0.0), ("lr", 0.0036 - 1e-5 * i)])
     assert r.resumed  # first logged well past step 0
     assert ("loss_collapse" in codes(judge(r, {}))) is stop
+
+
+def test_loss_and_gradient_both_exactly_zero_on_one_log_is_a_stop_unless_rl():
+    # two witnesses on one line: a supervised loss of 0.0 still computes a gradient
+    base = [{"loss": 1.2 - i / 100, "grad_norm": 2.0} for i in range(3)]
+    v = judge(run_of(base + [{"loss": 0.0, "grad_norm": 0.0}]), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "loss_collapse"
+    assert v["findings"][0]["evidence"]["grad_zero_same_log"]
+    assert judge(run_of([{"loss": 0.0, "grad_norm": 0.0}]), {})["verdict"] == "STOP"  # from the first log
+    # not: a loss of 0.0 beside a gradient (a memorised batch), nor GRPO's 0/0 when every completion
+    # got the same reward (its reward series), nor a gradient of 0 beside a real loss
+    assert judge(run_of(base + [{"loss": 0.0, "grad_norm": 0.4}]), {})["verdict"] != "STOP"
+    assert judge(run_of([{"loss": 0.0, "grad_norm": 0.0, "reward": 0.5}]), {})["verdict"] != "STOP"
+    assert judge(run_of(base + [{"loss": 0.7, "grad_norm": 0.0}]), {})["verdict"] != "STOP"

@@ -34,6 +34,12 @@ def nonfinite_final(step) -> str:
 
 COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or masked away (all labels "
             "ignored, empty targets) or fp16 overflowed; check the label mask and try bf16.")
+METRIC_ZERO = ("the eval metrics fell to exactly 0 after the model had learned: it now predicts nothing (a detector "
+               "with no box above the threshold, a decoder with empty output). Usually a loss spike, a broken "
+               "resume or an LR jump before it: resume from the last checkpoint with a good eval, at a lower LR.")
+EVAL_FROZEN = ("the eval loss is the same to every printed digit eval after eval while the train loss moves: the "
+               "model being evaluated never changes. Check that the optimizer steps the weights the eval uses (a "
+               "frozen or detached model, a stale checkpoint loaded for eval, a cached eval result).")
 SCALE_FLOOR = ("fp16's loss scale is at its floor and steps still overflow: every step is skipped, nothing trains. "
                "The loss or gradients exploded before scaling: resume from an earlier checkpoint with bf16, a lower "
                "LR or gradient clipping.")

@@ -22,6 +22,7 @@ from orchestrator.quality import hints as H
 from orchestrator.quality import reviewer as RV
 from orchestrator.quality import rules as R
 from orchestrator.quality import rules_aux as A
+from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_level as L
 from orchestrator.quality import rules_short as S
@@ -34,7 +35,8 @@ RULES: Dict[str, Callable] = {
     "nonfinite_loss": R.nonfinite_loss, "collapse": R.collapse_and_grad, "divergence": R.divergence,
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
-    "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor,
+    "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
+    "eval_frozen": E.eval_frozen,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening,
@@ -49,8 +51,9 @@ TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning
 # (a tiny noisy loss creeping 0.05 -> 0.09 while eval improves); a jump that stays is not vetoed
 EVAL_VETO = ("divergence", "divergence_best")
 STOP_ORDER = {c: i for i, c in enumerate((
-    "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck", "saturated_loss", "above_uniform", "frozen", "lr_invalid",
-    "lr_zero", "nonfinite_grad", "level_shift", "divergence_best", "eval_diverged", "no_learning"))}
+    "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck",
+    "saturated_loss", "above_uniform", "frozen", "lr_invalid", "lr_zero", "nonfinite_grad", "level_shift",
+    "divergence_best", "eval_diverged", "metric_zero", "eval_frozen", "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 
 

@@ -55,6 +55,10 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
     more than the tokens (``[e][i/n]`` stands in for the step, a tqdm bar)."""
     if any("%|" in s for s in segs):
         return None
+    if len(segs) == 17 and segs[1].strip() == "/" and segs[3].strip() in ("G", "M"):
+        return None  # a YOLO results.txt row: parse() knows its columns by their place
+    if segs[0].lstrip()[:1] == "|":
+        return None  # a markdown table's row: its columns are named by a header (``tables.Box``)
     if may_abort(" ".join(segs)):
         return None  # an abort or overflow note: parse() reads it by its words, not its tokens
     batch_cols = _epoch_batch_cols(segs)

@@ -19,7 +19,7 @@ from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, 
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, Wrap, epoch_step, has_epoch_bar)
 from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, darknet_record,
-                                         has_table_head, may_abort, table_head)
+                                         has_table_head, may_abort, table_head, yolo_results_row)
 
 CHUNK = 8 << 20
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
@@ -49,6 +49,9 @@ class LineParser:
         self.wrap = Wrap()  # "Iter: [B/N]" counters that restart every epoch
         self.header_epoch: Optional[int] = None  # the last "Epoch E/M" line's E (``_header``)
         self.rerun = False  # that count went back: the next stepless record starts a new timeline
+        # a Hugging Face model card's "It achieves the following results on the evaluation set:"
+        # bullets ("- Loss: 0.69", "- Wer: 0.21") repeat its results table's last row: not read
+        self.summary = False
 
     def _keras(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         """A Keras header (remembered, no record) or batch line (step from its header)."""
@@ -79,6 +82,12 @@ class LineParser:
     def parse(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         if self.user_re is not None:
             return self._parse_user(line)
+        if self.summary or "evaluation set" in line:
+            if line[:2] == "- " and self.summary:
+                return None
+            self.summary = "results on the evaluation set" in line
+            if self.summary:
+                return None
         self.by_epoch = False
         if "poch" in line and ("/" in line or " of " in line) and line.rstrip(" -=:.\r\n")[-1:] in _HEADER_ENDS:
             self._header(line)  # (the regex only for a line that ends on a count: "Epoch 3/10")
@@ -91,7 +100,10 @@ class LineParser:
         c = line[:1]
         if (c == "|" and line.rstrip()[-1:] == "|") or (c == "-" and self.box.vals):
             rec = self.box.line(line)  # a boxed table's row, or its closing rule (``tables.Box``)
-            return None if rec is None else (rec[0], rec[1], None)
+            if rec is None:
+                return None
+            self.by_epoch = self.box.by_epoch and rec[0] is not None  # a row's epoch, as "Epoch 3 ..."
+            return rec[0], rec[1], None
         if c in "IWEF" and line[1:5].isdigit():
             m = _GLOG.match(line)
             if m:  # its date, thread and source line are not metrics
@@ -115,13 +127,20 @@ class LineParser:
         if "Warning: " in line and PY_WARNING.search(line):
             return None
         parts = NUM_SPLIT(line)
+        if self.table is None and "/" in line and line.lstrip()[:1].isdigit() and len(parts) == 33:
+            yr = yolo_results_row(line)  # 16 numbers: a YOLO results.txt row, a fixed column order
+            if yr is not None:
+                return yr
         if self.table is None and "/" in line and line.lstrip()[:1].isdigit() and _MAY_BE_NONFINITE(line):
             bare = bare_nonfinite_row(line)
             if bare is not None:
                 return bare[0], bare[1], None
         if len(parts) < 3:
             if len(parts) == 1 and line[:1] in " Eeis":
-                self.table = table_head(line) or self.table
+                head = table_head(line)
+                if head is not None and (self.table is None or head.names != self.table.names):
+                    self.table = head  # (YOLO repeats its header every epoch: the same table goes on,
+                    # and knows its epochs count from 0)
             return None
         cache = self.cache
         if len(cache) > 20000:

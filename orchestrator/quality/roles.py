@@ -109,6 +109,23 @@ def is_eval_side(key: str) -> bool:
     return False
 
 
+# a held-out quality metric, higher is better, 0 when nothing is right: detection's AP/mAP (any
+# IoU suffix), precision, recall, F1, BLEU, ROUGE, hmean, IoU/mIoU, dice, top-k
+_QUALITY = re.compile(r"(?:^|[^a-z])(?:m?ap(?:\d+(?:-\d+)?)?|precision|recall|f1|bleu\d?|rouge\w*|hmean|m?iou|dice|"
+                      r"top-?[15](?:_?acc\w*)?)(?:[^a-z]|$)")
+
+
+@lru_cache(maxsize=4096)
+def is_quality_metric(key: str) -> bool:
+    """True for a held-out metric that is 0 when the model gets nothing right (``mAP50``,
+    ``metrics/mAP50-95(B)``, ``bbox_mAP``, ``precision``, ``test_bleu``, ``hmean``, ``val_acc``),
+    never a loss or an RL score."""
+    low = key.lower()
+    if "loss" in low or "reward" in low:
+        return False
+    return bool(_QUALITY.search(low)) or (is_accuracy(key) and is_eval_side(key))
+
+
 def names_with(names, words) -> list:
     """The series names that hold one of ``words`` (lowercased)."""
     return [n for n in names if any(w in n.lower() for w in words)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import is_accuracy, is_eval_side
@@ -34,6 +34,7 @@ CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
 # an eval loss within 1e-5 (relative) of ln(K): the loss of exactly uniform probabilities, to float32
 # precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
 CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
+CHANCE_ACC_BAND = 0.01  # the eval loss near ln K while the eval accuracy is exactly 1/K on every eval
 # -ln(FLT_MIN) = 87.3365 and -ln(DBL_MIN) = 708.396: the loss of a softmax whose every true-class
 # probability underflowed to the clamp (Caffe's SoftmaxWithLoss takes log(max(p, FLT_MIN))): the
 # net is confidently wrong on every sample, a dead softmax. Like ln(K), a value nothing else lands
@@ -304,10 +305,11 @@ def _acc_zero_at(run: Run, step: float) -> bool:
     return False
 
 
-def _eval_acc_frozen(run: Run, since: float) -> bool:
-    """An eval accuracy series whose last ``CHANCE_STEPS`` values, all logged from ``since`` on,
-    are one value. ``since`` is one eval before the eval loss's window: an eval's accuracy line
-    may come after its loss line, and a check between the two must not retract the STOP."""
+def _eval_acc_frozen(run: Run, since: float) -> Optional[float]:
+    """The value of an eval accuracy series whose last ``CHANCE_STEPS`` values, all logged from
+    ``since`` on, are one value (None when there is none). ``since`` is one eval before the eval
+    loss's window: an eval's accuracy line may come after its loss line, and a check between the
+    two must not retract the STOP."""
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if not is_accuracy(name) or not is_eval_side(name):
             continue
@@ -315,8 +317,8 @@ def _eval_acc_frozen(run: Run, since: float) -> bool:
         i = bisect_left(a.steps, since)
         vals = a.values[i:][-CHANCE_STEPS:]
         if len(vals) >= CHANCE_STEPS and isfinite(vals[0]) and all(v == vals[0] for v in vals):
-            return True
-    return False
+            return vals[0]
+    return None
 
 
 def chance_eval(s: Series, run: Run) -> List[Finding]:
@@ -333,9 +335,15 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
     # pinned to float precision; or within the train band (0.15%) while an eval accuracy logged
     # beside it repeats one value exactly: the model predicts one class on held-out data (Lasagne's
     # MNIST CNN: validation loss 2.3032-2.3014 = ln 10, accuracy 10.64 % on every epoch)
-    frozen_acc = _eval_acc_frozen(run, ev.steps[max(0, len(ev) - CHANCE_STEPS - 1)])
-    band = CHANCE_BAND if frozen_acc else CHANCE_PINNED
+    acc = _eval_acc_frozen(run, ev.steps[max(0, len(ev) - CHANCE_STEPS - 1)])
+    band = CHANCE_BAND if acc is not None else CHANCE_PINNED
     K = H.chance_level(last[-1], band)
+    if acc is not None:
+        # the accuracy pinned at exactly 1/K is a witness of its own (0.5 on every eval of a
+        # binary task): the eval loss beside it need only be near ln K (0.6945-0.6997 = ln 2 +1%)
+        k = H.chance_level(last[-1], CHANCE_ACC_BAND)
+        if k and abs((acc / 100.0 if acc > 1.0 else acc) - 1.0 / k) <= 1e-3:
+            K, band = k, CHANCE_ACC_BAND
     if not K:
         return []
     target = math.log(K)

@@ -35,6 +35,9 @@ _YOLO = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss
          "dfl": "dfl_loss", "seg": "seg_loss"}
 _NOT_METRIC = frozenset({"gpu_mem", "instances", "labels", "size", "img_size", "time", "targets"})
 _E_OF_N = re.compile(r"(\d+)/(\d+)\Z")
+_BAR_START = re.compile(r":\s*\d+%\|")
+_VAL_COLS = {"P": "precision", "R": "recall", "mAP@.5": "mAP50", "mAP50": "mAP50", "mAP@.5:.95": "mAP50-95",
+             "mAP50-95": "mAP50-95"}
 _LOSS_ROLES = ("loss", "val_loss", "eval_loss")
 # a header line anywhere in a chunk (``has_table_head``): the ordered scan (``linescan``) reads
 # bars as bars, so a chunk with a table in it is read line by line. One literal-led pattern per
@@ -58,16 +61,41 @@ _CKPT = re.compile(r"\bglobal step (\d+): '([^']+)' reached ([-+]?(?:\d+\.?\d*(?
 class Table:
     """The last column header seen, and how its rows map to steps."""
 
-    __slots__ = ("names", "base0", "last")
+    __slots__ = ("names", "base0", "last", "val")
 
     def __init__(self, names: List[str]):
         self.names = names
         self.base0 = False  # an epoch 0 was seen: epochs count from 0 (fastai, pandas)
         self.last: Optional[Tuple[float, tuple]] = None
+        self.val: Optional[List[str]] = None  # the metric names of YOLO's validation header
+
+    def val_row(self, line: str) -> Optional[Tuple[float, List[Tuple[str, float]], Optional[float]]]:
+        """YOLO's validation table after each epoch's row: a header ("Class Images Labels P R
+        mAP@.5 mAP@.5:.95", ultralytics' "... Instances Box(P R mAP50 mAP50-95)") is remembered,
+        its "all" row is the epoch's eval, at the step of the train row read before it."""
+        head = line.lstrip()
+        if head.startswith("Class ") and "mAP" in head:
+            cols = _BAR_START.split(head)[0].split()  # ("mAP@.5:.95: 100%|": the bar's colon is the last)
+            self.val = [_VAL_COLS.get(c.strip("()").split("(")[-1], "") for c in cols]
+            return None
+        if self.val is None or self.last is None or not head.startswith("all "):
+            return None
+        toks = head.split()
+        if len(toks) != len(self.val):
+            return None
+        try:
+            vals = [(n, float(t)) for n, t in zip(self.val, toks) if n]
+        except ValueError:
+            return None
+        return (self.last[0], vals, None) if vals else None
 
     def row(self, line: str) -> Optional[Tuple[float, List[Tuple[str, float]], Optional[float]]]:
         """(step, [(series, value)], planned steps) of a row of this table, None for any other
         line or for a repaint of the row just read (a bar refreshed with the same values)."""
+        if self.val is not None or "mAP" in line:
+            ev = self.val_row(line)
+            if ev is not None or self.val is not None and line.lstrip().startswith(("Class ", "all ")):
+                return ev
         bar = None
         text = line
         i = line.find("%|")
@@ -246,21 +274,102 @@ def bare_nonfinite_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float
     return step, [("loss", math.nan)]
 
 
+# YOLO's results.txt (yolov3-v5 before v6, yolov7 still): one headerless row per epoch, "epoch/last
+# mem" then 13 numbers in a fixed order: box obj cls total targets img_size, then P R mAP@.5, a
+# fourth metric (mAP@.5:.95, or F1 in old yolov3) and the three val losses
+_YOLO_TXT = re.compile(r"\s*(\d+)/(\d+)\s+[\d.]+[GM]?((?:\s+[-+0-9.eE]+|\s+nan|\s+inf){13})\s*\Z")
+_YOLO_TXT_COLS = ("box_loss", "obj_loss", "cls_loss", "loss", "", "", "precision", "recall", "mAP50", "",
+                  "val_box_loss", "val_obj_loss", "val_cls_loss")
+
+
+def yolo_results_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]], Optional[float]]]:
+    """(epoch, [(series, value)], planned epochs) of a YOLO results.txt row, None for any other line."""
+    m = _YOLO_TXT.match(line)
+    if m is None:
+        return None
+    try:
+        vals = [(c, float(t)) for c, t in zip(_YOLO_TXT_COLS, m.group(3).split()) if c]
+    except ValueError:
+        return None
+    return float(m.group(1)), vals, float(m.group(2))
+
+
 _BOX_ROW = re.compile(r"\|\s*([A-Za-z_][^|]*?)\s*\|\s*([^|]*?)\s*\|\s*\Z")
 _BOX_STEPS = ("time/total_timesteps", "time/iterations", "total_timesteps")
 
 
-class Box:
-    """The rows of one boxed table (stable-baselines3's logger), read one line at a time."""
+_MD_RULE = re.compile(r":?-{3,}:?\Z")
+_MD_STEPS = ("step", "steps", "global step", "iteration", "iter")
 
-    __slots__ = ("section", "vals")
+
+def md_names(head: List[str]) -> List[str]:
+    """Series names for a markdown table's header. In a Hugging Face model card's "Training
+    results" table every column after "Validation Loss" is an eval metric ("Wer", "Accuracy",
+    "Rouge1"), though none says so: it is named ``eval_<metric>``."""
+    low = [h.lower() for h in head]
+    evals = low.index("validation loss") if "validation loss" in low else len(low)
+    out = []
+    for i, h in enumerate(low):
+        if h in _MD_STEPS:
+            out.append("step")
+        elif i > evals:
+            out.append("eval_" + "_".join(h.split()))
+        else:
+            out.append(SYNONYMS.get(h, SYNONYMS.get("_".join(h.split()), "_".join(h.split()))))
+    return out
+
+
+class Box:
+    """The rows of one boxed table (stable-baselines3's logger) and of a markdown table (a model
+    card's "Training results"), read one line at a time."""
+
+    __slots__ = ("section", "vals", "head", "md", "by_epoch", "carried")
 
     def __init__(self) -> None:
         self.section = ""
         self.vals: dict = {}
+        self.head: Optional[List[str]] = None  # the cells of the last row of names
+        self.md: Optional[List[str]] = None  # the series names of the markdown table being read
+        self.by_epoch = False  # the last row's step is its epoch: no table column named the step
+        self.carried: Optional[float] = None  # the train loss of the markdown table's row before
+
+    def _md(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
+        """A markdown table's line: its header (kept), its rule (names the columns), a row."""
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if self.head is not None and len(cells) == len(self.head) and all(_MD_RULE.match(c) for c in cells):
+            self.md, self.head = md_names(self.head), None
+            return None
+        if self.md is not None and len(cells) == len(self.md):
+            vals, step, epoch = [], None, None
+            for name, cell in zip(self.md, cells):
+                try:
+                    v = float(cell)
+                except ValueError:
+                    continue  # "No log": HF's train loss before its first logging step
+                if name == "step":
+                    step = v
+                elif name == "epoch":
+                    epoch = v
+                elif name == "loss" and v == self.carried:
+                    continue  # HF's card writes the last logged train loss into every eval row
+                    # (logging_steps 500, an eval every 100): a repeat is no new log
+                else:
+                    vals.append((name, v))
+                    if name == "loss":
+                        self.carried = v
+            self.by_epoch = step is None
+            return (step if step is not None else epoch), vals
+        self.md, self.carried = None, None
+        self.head = cells if len(cells) >= 3 else None
+        return None
 
     def line(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
         """Take one line: a row is kept, the closing rule gives the box's record (None until then)."""
+        self.by_epoch = False
+        if line[:1] == "|" and line.count("|") >= 4:
+            rec = self._md(line)
+            if rec is not None or self.md is not None or self.head is not None:
+                return rec if rec is None or rec[1] else None
         if line[:1] == "-":
             if not self.vals or line.strip("- \t\r\n"):
                 return None

@@ -42,10 +42,6 @@ KNOWN_MISSES = {
     # set as often as a broken one; only the test score at chance (0.126 of 6 classes, a number
     # Caffe names "Test score #0", not accuracy) and the test loss 1.8 -> 37 say which
     "dev8_bvlc_caffe_i5127_train_loss_0_test_acc_chance.log",
-    # a word LM at 17.8-19.5 nats (ppl 5e7) for 3 epochs, above ln V of any vocabulary, then at the
-    # unigram level as its LR anneals: worse than a uniform guess is diverged, but only for a loss
-    # known to be a cross-entropy in nats, and no rule yet takes the ppl beside it as that proof
-    "dev9_pypi_data_nlpia2_rnn_tanh_2layer_above_ln_v_then_unigram.md",
     # loss terms exactly 0 on every log while the total falls (CenterNet's wh_loss and off_loss;
     # a Faster R-CNN head's cls_loss and loss_bbox): a bug here, by design elsewhere (YOLO's class
     # loss on a one-class set, a disabled auxiliary term), and the log does not say which
@@ -96,6 +92,19 @@ KNOWN_MISSES = {
     # 8 trainers' losses printed as one numpy array over two lines ("loss [nan 9.21 nan ...]"): no
     # scalar loss is read; the one "test avg ppl: nan" is the test split's, a single point
     "dev11_paddlepaddle_paddle_i11659_lm_multinode_loss_array_nan.log",
+    # eval metrics at exactly 0 from the first eval on (P, R, mAP "0 0 0 0"; AP/AR all "= 0.000"; BLEU
+    # "test score=0.0000"; hmean 0): a detector or decoder from scratch prints the same for its first
+    # evals, and these logs show 1-3 evals. Only a fall from a level reached is judged (metric_zero)
+    "dev12_wongkinyiu_yolov7_i874_val_labels_0_p_r_map_0.log",
+    "dev12_sompote_dinov3_yolov12_i30_map50_always_0.log",
+    "dev12_xing_hu_emse_deepcom_i13_test_bleu_always_0.log",
+    "dev12_zylo117_efficientdet_i247_coco_ap_all_0_after_45_epochs.log",
+    "dev12_whai362_psenet_i26_train_acc_high_eval_hmean_0.log",
+    # WER 1.0 on all 69 evals of a CTC fine-tune: healthy CTC runs sit at WER 1.0 for their first evals
+    # too (dev12 xlsr_ar: six), and the card's flat eval loss is the only other sign
+    "dev12_wenxin_jiang_cs577_aradia_ctc_wer_1_for_69_evals.md",
+    # one "val_loss: inf" between finite ones under mixed precision: one eval, then 10.65
+    "dev12_soumik12345_pointcloud_seg_pr16_fp16_val_loss_inf.log",
 }
 
 

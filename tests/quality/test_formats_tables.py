@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from orchestrator.quality.judge import judge
 from orchestrator.quality.series import Run
 from orchestrator.quality.sources import Tracker
@@ -45,6 +47,8 @@ def test_ultralytics_table_rows_are_read_by_column_at_a_global_step(tmp_path):
     box = run.series["box_loss"]
     assert list(box.steps[:4]) == [2.0, 4.0, 6.0, 8.0] and box.steps[-1] == 160.0  # (epoch - 1) * 4 + batch
     assert not [k for k in run.series if k in ("instances", "size", "all")]
+    # each epoch's validation row ("all ...") under its header is that epoch's eval
+    assert run.series["mAP50"].steps[-1] == 160.0 and run.series["precision"].values[-1] == 0.5
     assert run.main_loss() is not None and judge(run, {})["verdict"] != "STOP"
     with open(p, "a") as f:
         f.write(YOLO8 + _yolo8_row(41, 100, 4, 4, "nan") + YOLO8 + _yolo8_row(42, 100, 4, 4, "nan"))
@@ -152,3 +156,84 @@ def test_mxnet_speedometer_steps_and_a_camelcase_loss(tmp_path):
         f.write("".join(line.replace("%.6f", "0.000000") % (2, b) for b in (10, 20, 30)))
     v = judge(_read(p), {})
     assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "loss_collapse"
+
+
+def _results_txt(evals):
+    """A YOLO results.txt: no header, 16 columns in a fixed order (P R mAP@.5 are the 9th-11th)."""
+    return "".join("%10s %9s %9.4g %9.4g %9.4g %9.4g %9d %9d %9.4g %9.4g %9.4g %9.4g %9.4g %9.4g %9.4g\n"
+                   % ("%d/49" % e, "22.1G", 0.05 - e / 1000, 0.02, 0.01, 0.08 - e / 1000, 120, 640, pr, pr, m, m / 2,
+                      0.02, 0.01, 0.007) for e, (pr, m) in enumerate(evals))
+
+
+@pytest.mark.parametrize("evals, stop", [
+    ([(0.94, 0.95)] * 4 + [(0.0, 0.0)], True),  # P, R, mAP all 0 at once after 0.95: it predicts nothing
+    ([(0.0, 0.0), (0.0, 0.001), (0.3, 0.03), (0.4, 0.14), (0.5, 0.25)], False),  # from scratch: 0, then rising
+    ([(0.3, 0.3), (0.35, 0.35), (0.33, 0.0)], False),  # one metric at 0 on one eval: a warning
+])
+def test_a_results_txt_read_by_column_place_and_a_metric_fallen_to_zero(tmp_path, evals, stop):
+    p = tmp_path / "results.txt"
+    p.write_text(_results_txt(evals))
+    run = _read(p)
+    assert list(run.series["mAP50"].steps) == [float(e) for e in range(len(evals))]
+    assert run.series["precision"].values[0] == evals[0][0]
+    v = judge(run, {"final": True})
+    assert (v["verdict"] == "STOP" and v["findings"][0]["code"] == "metric_zero") == stop, v["reason"]
+
+
+def test_yolov7_repeats_its_header_every_epoch_and_counts_epochs_from_0(tmp_path):
+    head = "               Class      Images      Labels           P           R      mAP@.5  mAP@.5:.95: 100%|"
+    p = tmp_path / "train.log"
+    p.write_text("".join(YOLO7 + "     %d/299      2.6G   0.08446     2.133    0.6236     %.3f        58       640: "
+                         "100%%|%s| 26/26 [00:32<00:00,  1.23s/it]\n%s%s| 4/4 [00:07<00:00]\n                 all"
+                         "          25         40         %.2f         %.2f         %.2f         %.2f\n\n"
+                         % (e, 2.8 / (e + 1), BAR * 10, head, BAR * 10, v, v, v, v / 2)
+                         for e, v in enumerate([0.0, 0.0, 0.2, 0.3, 0.0])))
+    run = _read(p)
+    assert list(run.series["loss"].steps) == [26.0, 52.0, 78.0, 104.0, 130.0]  # not 26, 26, 52, ...
+    assert list(run.series["mAP50"].steps) == list(run.series["loss"].steps)
+    assert run.series["mAP50-95"].values[-2] == 0.15
+    assert judge(run, {})["findings"][0]["code"] == "metric_zero"
+
+
+def _card(rows, cols=("Accuracy",)):
+    """A Hugging Face model card: the summary bullets, then its "Training results" table."""
+    head = ("# model\n\nIt achieves the following results on the evaluation set:\n- Loss: %s\n- %s: %s\n\n"
+            "## Training procedure\n\n- learning_rate: 5e-05\n- train_batch_size: 8\n\n### Training results\n\n"
+            % (rows[-1][3], cols[0], rows[-1][4]))
+    names = ("Training Loss", "Epoch", "Step", "Validation Loss") + cols
+    table = "| " + " | ".join(names) + " |\n|" + "|".join(":---:" for _ in names) + "|\n"
+    table += "".join("| %s | %.2f | %d | %.4f | %.4f |\n" % r for r in rows)
+    return head + table + "\n\n### Framework versions\n\n- Transformers 4.18.0\n"
+
+
+def test_a_model_cards_results_table_is_read_and_its_summary_is_not(tmp_path):
+    # train loss logged every 500 steps, an eval every 100: the card repeats the last train loss
+    rows = [("No log" if s < 500 else "%.4f" % (1.9 if s < 1000 else 1.8), s / 100, s, 1.5 - s / 10000,
+             0.5 + s / 10000) for s in range(100, 1600, 100)]
+    p = tmp_path / "README.md"
+    p.write_text(_card(rows))
+    run = _read(p)
+    assert list(run.series["val_loss"].steps) == [float(r[2]) for r in rows]
+    assert list(run.series["loss"].steps) == [500.0, 1000.0]  # the carried repeats are no new log
+    assert run.series["eval_accuracy"].values[-1] == 0.65  # a column after "Validation Loss" is an eval's
+    assert judge(run, {"final": True})["verdict"] != "STOP"
+
+
+def test_an_eval_that_never_changes_and_one_pinned_at_chance_are_stops(tmp_path):
+    frozen = [("%.4f" % (0.42 - (s % 7) / 100), s / 5, s, 0.1787, 0.9733) for s in range(5, 65, 5)]
+    v = judge(_read(_write(tmp_path, "frozen.md", _card(frozen))), {"final": True})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "eval_frozen"
+    # a binary classifier: accuracy 0.5 on every eval, the eval loss within 1% of ln 2, train loss 0.70
+    chance = [("%.4f" % t, e, 685 * e, vl, 0.5) for e, (t, vl) in
+              enumerate(zip((0.7098, 0.7046, 0.7013, 0.7027, 0.702), (0.6945, 0.6997, 0.6949, 0.6931, 0.6932)), 1)]
+    v = judge(_read(_write(tmp_path, "chance.md", _card(chance))), {"final": True})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "chance_stuck"
+    # not: the same accuracy with an eval loss that learned, nor 0.5 beside a loss far from ln 2
+    learned = [(t, e, s, vl - 0.2 * e / 10, a) for t, e, s, vl, a in chance]
+    assert judge(_read(_write(tmp_path, "learned.md", _card(learned))), {"final": True})["verdict"] != "STOP"
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p

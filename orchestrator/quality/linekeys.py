@@ -79,6 +79,7 @@ def _at_step(m: "re.Match[str]") -> str:
     return "%s %s, %s " % (m.group(2), m.group(3), "loss" if name == "score" else name)
 
 
+_X_FILLED = re.compile(r"(?<![\w.])(-?(?:nan|inf))x{1,3}(?![\w.])")
 _BAR_THEN_LOG = re.compile(r"(?<=it/s\])(?=\S)|(?<=s/it\])(?=\S)")
 
 
@@ -87,6 +88,10 @@ def unwrap_values(text: str) -> str:
     and "NAME at iteration N is X" as "iteration N, NAME X"."""
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
+    if "nanx" in text or "infx" in text:
+        # PaddlePaddle's loggers print each value as "{:x<6f}": a NaN fills its field with x
+        # ("loss: nanxxx", "infxxx"); a float is wider than 6 and is never filled
+        text = _X_FILLED.sub(r"\1", text)
     if ("verflow" in text or "VERFLOW" in text) and "%|" in text:
         # tqdm draws its bar with no newline: a logger's line written then lands on the bar's
         # line ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32"); it is a line of its own

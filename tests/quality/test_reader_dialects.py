@@ -319,3 +319,14 @@ def test_overflow_notes_down_to_the_floor_stop_the_halvings_of_a_healthy_start_d
     rows = ["| epoch 001:  %d / 1374 loss=%.3f, num_updates=%d, loss_scale=0.004" % (i, 14 - i / 100, i)
             for i in range(100, 1500, 100)]
     assert judge(_run(tmp_path, fs + rows, "fairseq.log"), {})["verdict"] != "STOP"
+
+
+def test_paddles_x_filled_nan_is_a_nan(tmp_path):
+    # PaddleOCR formats each value "{:x<6f}": NaN prints as "nanxxx"; a word that merely starts so does not
+    line = ("[2023/07/17 10:22:38] ppocr INFO: epoch: [3/1000], global_step: %d, lr: 0.000010, acc: 0.72, "
+            "loss: %s, avg_reader_cost: 0.01214 s, ips: 1834.40564 samples/s")
+    run = _run(tmp_path, [line % (i, "%.6f" % (2.8 - i / 100)) for i in range(140, 146)]
+               + [line % (146, "nanxxx"), line % (147, "nanxxx")])
+    assert [math.isnan(v) for v in run.series["loss"].values[-3:]] == [False, True, True]
+    v = judge(run, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "nonfinite_loss"

@@ -266,6 +266,8 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     if s is None or len(s) < 2:
         return []
     st, tail = s.finite_tail(5)
+    if len(tail) >= 2 and abs(tail[-1]) >= limit and abs(tail[-2]) < limit:
+        return _absurd_witnessed(run, s, st[-2:], tail[-1], limit)
     if len(tail) < 2 or not (abs(tail[-1]) >= limit and abs(tail[-2]) >= limit):
         return []
     n = len(s)
@@ -285,6 +287,25 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
           "blew_up": blew_up, "frozen": frozen, "stuck": stuck}
     sev = "stop" if (blew_up or frozen or grew or stuck) else "info"
     return [finding("absurd_loss", sev, s.steps[k], ev, H.ABSURD, s.name)]
+
+
+def _absurd_witnessed(run: Run, s: Series, steps: Sequence[float], latest: float, limit: float) -> List[Finding]:
+    """One log of the loss blown up past ``limit`` is a STOP when a held-out loss logged after the
+    loss's last sane point blew up past it too: two witnesses on two sets of data, not one noisy
+    point (a train loss of 1.6e18 and a valid loss of 1.9e7 for one epoch, printed on two lines)."""
+    since = steps[0]  # the loss's last sane log
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if name == s.name or "loss" not in name or not is_eval_side(name):
+            continue  # (a loss term on the loss's own line is a part of the same blow-up)
+        w = run.series[name]
+        if len(w) < 2 or w.steps[-1] <= since or not (isfinite(w.values[-1]) and abs(w.values[-1]) >= limit):
+            continue
+        head = [abs(v) for v in w.values[:5] if isfinite(v)]
+        if head and median(head) < limit and abs(w.values[-2]) < limit:
+            return [finding("absurd_loss", "stop", steps[1],
+                            {"series": s.name, "latest": _r(latest), "limit": _r(limit), "logs_above": 1,
+                             "blew_up": True, "witness": name, "witness_latest": _r(w.values[-1])}, H.ABSURD, s.name)]
+    return []
 
 
 def _warm_restart(lr: Series, ev_loss: Series, patience: int) -> bool:

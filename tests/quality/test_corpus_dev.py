@@ -55,9 +55,6 @@ KNOWN_MISSES = {
     # the train loss 6.2739 on all 6 epochs shown (a bar postfix "Loss 6.2739, Raw Acc (..)"): frozen,
     # but the frozen rule asks 8 equal logs of a 5-digit value, and the val loss moves
     "dev10_guyuc_wsdan_i25_loss_6p2739_frozen_acc_chance.log",
-    # "Epoch N:" on a line of its own, then "Train loss" and "Valid loss" lines: the header is not
-    # taken as their step, so the train 1.6e18 and valid 1.9e7 of one epoch are not seen together
-    "dev10_juntang_zhuang_laddernet_i1_train_loss_1e18_epoch4.log",
     # a GAN whose discriminator sits at 6-15 while the generator's loss is near 0: which side
     # failed takes knowing that GAN's losses; neither is "the" loss
     "dev10_carpedm20_dcgan_tf_i105_g_loss_zero_d_loss_15.log",

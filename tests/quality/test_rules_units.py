@@ -426,3 +426,20 @@ def test_loss_and_gradient_both_exactly_zero_on_one_log_is_a_stop_unless_rl():
     assert judge(run_of(base + [{"loss": 0.0, "grad_norm": 0.4}]), {})["verdict"] != "STOP"
     assert judge(run_of([{"loss": 0.0, "grad_norm": 0.0, "reward": 0.5}]), {})["verdict"] != "STOP"
     assert judge(run_of(base + [{"loss": 0.7, "grad_norm": 0.0}]), {})["verdict"] != "STOP"
+
+
+def test_one_absurd_train_log_is_a_stop_when_the_held_out_loss_blew_up_after_it():
+    # "Train loss 1629511453423918336" then "Valid loss: 18624358.1" for one epoch: two witnesses
+    rows = [{"loss": 0.35 / (1 + i), "val_loss": 5.1 / (1 + i / 3)} for i in range(4)]
+    r = run_of(rows + [{"loss": 1.63e18}])
+    assert judge(r, {})["verdict"] != "STOP"  # one point alone: not yet
+    r.add_record(60, [("val_loss", 1.86e7)])
+    v = judge(r, {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "absurd_loss"
+    assert v["findings"][0]["evidence"]["witness"] == "val_loss"
+    # not: a loss term on the same line (a part of the same sum), nor a val loss that was sane
+    r = run_of(rows + [{"loss": 1.63e18, "loss_cls": 1.6e18}])
+    assert judge(r, {})["verdict"] != "STOP"
+    r = run_of(rows + [{"loss": 1.63e18}])
+    r.add_record(60, [("val_loss", 2.1)])
+    assert judge(r, {})["verdict"] != "STOP"

@@ -17,9 +17,10 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import context_line
 from orchestrator.quality.tables import DARKNET
 
-# a number not glued to the end of an identifier; nan/inf tokens as written by Python, JSON, C,
-# and not the head of a word (logging's 'root INFO: epoch ...' is no infinite 'root')
-_NUM = r"(?<![\w.])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_])))"
+# a number not glued to the end of an identifier ("Prec@1" and "top1" are keys); nan/inf tokens as
+# written by Python, JSON, C, and not the head of a word (logging's 'root INFO: epoch ...' is no
+# infinite 'root')
+_NUM = r"(?<![\w.@])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_])))"
 NUM_SPLIT = re.compile(_NUM).split
 _IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
 _STRIP = " \t'\":=[]{}>#"

@@ -88,10 +88,15 @@ PROGRESS_WORDS = ("reward", "margin", "kl")
 RL_WORDS = PROGRESS_WORDS + ("entropy", "value_loss", "policy", "advantage")
 
 
+_TOPK = re.compile(r"(?:prec|acc)@\d")
+
+
 @lru_cache(maxsize=1024)
 def is_accuracy(key: str) -> bool:
     """True for an accuracy key of any split (``acc``, ``val_accuracy``, ``Top1Acc``, ``valacc``),
     by its words: ``grad_accum_steps`` is no accuracy."""
+    if "@" in key and _TOPK.search(key.lower()):
+        return True  # the torchvision ImageNet example's "Prec@1", "Acc@5": a top-k accuracy
     return any(w == "accu" or w.endswith(("acc", "accuracy")) for w in (x.lower() for x in _WORD.findall(key)))
 
 

@@ -227,15 +227,43 @@ def saturated(s: Series, run: Run) -> List[Finding]:
     if not isfinite(last):
         return []
     target = next((t for t in SATURATED if abs(last - t) <= SATURATED_REL * t), 0.0)
+    rel = SATURATED_REL
+    if not target:
+        target, rel = _clipped_target(s, run), CLIPPED_REL
     if not target:
         return []
-    k, distinct = _streak_at(s, target, SATURATED_REL)
+    k, distinct = _streak_at(s, target, rel)
     n = len(vals)
     if distinct < SATURATED_STEPS and not _acc_zero_at(run, steps[-1]):
         return []
     return [finding("saturated_loss", "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "saturation": _r(target), "logged_steps": distinct},
                     H.SATURATED, s.name)]
+
+
+# Keras clips probabilities to [1e-7, 1 - 1e-7] before its cross-entropy: a softmax that puts all
+# its mass on one class scores -ln(1e-7) = 16.118 on every sample it gets wrong and ~0 on the rest,
+# so its loss is exactly 16.118 x (1 - accuracy) ("loss: 14.5063 - acc: 0.1000" on 10 classes,
+# "8.0590 - acc: 0.5000" on 2). Loss and accuracy printed on one line keep that identity only when
+# the output is one-hot: a dead, saturated softmax. Within 1e-4: both are printed to 4-5 digits.
+CLIPPED_REL = 1e-4
+
+
+def _clipped_target(s: Series, run: Run) -> float:
+    """16.118 x (1 - acc) when the loss ``s`` sits there beside a same-side accuracy logged at its
+    last step, else 0.0."""
+    eval_side = is_eval_side(s.name)
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if not is_accuracy(name) or is_eval_side(name) != eval_side:
+            continue
+        a = run.series[name]
+        if not len(a) or a.steps[-1] != s.steps[-1] or not isfinite(a.values[-1]):
+            continue
+        acc = a.values[-1] / 100.0 if a.values[-1] > 1.0 else a.values[-1]
+        t = SATURATED[2] * (1.0 - acc)
+        if 0.0 <= acc < 1.0 and abs(s.values[-1] - t) <= CLIPPED_REL * t:
+            return t
+    return 0.0
 
 
 def above_uniform(s: Series, run: Run) -> List[Finding]:
@@ -270,11 +298,15 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
     last = vals[-1]
     if not isfinite(last) or last <= 0:
         return []
-    K = H.chance_level(last, CHANCE_BAND)
+    K, band = H.chance_level(last, CHANCE_BAND), CHANCE_BAND
+    if not K:
+        # the loss near ln K (a nearly uniform output a little off the class priors: 2.3118 for
+        # ln 10 = 2.3026) while an accuracy logged beside it sits at 1/K: two witnesses
+        K, band = _acc_at_chance(s, run), CHANCE_ACC_BAND
     if not K:
         return []
     target = math.log(K)
-    k, distinct = _streak_at(s, target, CHANCE_BAND)
+    k, distinct = _streak_at(s, target, band)
     n = len(vals)
     if distinct < CHANCE_STEPS:
         return []
@@ -293,6 +325,24 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
     return [finding("chance_stuck", "warn" if warming or moving else "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "K": K, "ln_K": _r(target), "logged_steps": distinct,
                      "lr_warming_up": warming, "objective_moving": moving}, H.no_learning(last, run), s.name)]
+
+
+def _acc_at_chance(s: Series, run: Run) -> int:
+    """K when the loss ``s`` is within ``CHANCE_ACC_BAND`` of ln K and an accuracy of its side read
+    1/K (within 30%: a batch's accuracy is noisy) at each of its last ``CHANCE_STEPS`` steps."""
+    K = H.chance_level(s.values[-1], CHANCE_ACC_BAND)
+    if not K or len(s) < CHANCE_STEPS:
+        return 0
+    eval_side = is_eval_side(s.name)
+    steps = s.steps[-CHANCE_STEPS:]
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if not is_accuracy(name) or is_eval_side(name) != eval_side:
+            continue
+        a = run.series[name]
+        accs = [a.at(st) for st in steps]
+        if all(v is not None and isfinite(v) and abs((v / 100.0 if v > 1.0 else v) * K - 1.0) <= 0.3 for v in accs):
+            return K
+    return 0
 
 
 def _acc_zero_at(run: Run, step: float) -> bool:

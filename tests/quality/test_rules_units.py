@@ -443,3 +443,14 @@ def test_one_absurd_train_log_is_a_stop_when_the_held_out_loss_blew_up_after_it(
     r = run_of(rows + [{"loss": 1.63e18}])
     r.add_record(60, [("val_loss", 2.1)])
     assert judge(r, {})["verdict"] != "STOP"
+
+
+@pytest.mark.parametrize("loss, acc, stop", [
+    (14.5063, 0.1, True),  # Keras, 10 classes: -ln(1e-7) x 0.9, a one-hot output (a dead softmax)
+    (8.0590, 50.0, True),  # 2 classes, the accuracy in percent
+    (14.5063, 0.3, False),  # the same loss beside another accuracy: no identity, no proof
+])
+def test_a_keras_loss_clipped_at_its_epsilon_beside_its_accuracy_is_saturated(loss, acc, stop):
+    rows = [{"loss": 2.3 - i / 10, "acc": 0.2 + i / 50} for i in range(3)] + [{"loss": loss, "acc": acc}] * 2
+    v = judge(run_of(rows), {})
+    assert ("saturated_loss" in codes(v)) == stop, v["reason"]

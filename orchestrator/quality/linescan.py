@@ -57,7 +57,7 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
         return None
     if len(segs) == 17 and segs[1].strip() == "/" and segs[3].strip() in ("G", "M"):
         return None  # a YOLO results.txt row: parse() knows its columns by their place
-    if segs[0].lstrip()[:1] == "|":
+    if segs[0].lstrip()[:1] == "|" and segs[-1].rstrip()[-1:] == "|":
         return None  # a markdown table's row: its columns are named by a header (``tables.Box``)
     if may_abort(" ".join(segs)):
         return None  # an abort or overflow note: parse() reads it by its words, not its tokens

@@ -100,3 +100,20 @@ def test_bad_token_in_dominant_shape_leaves_run_consistent(tmp_path, monkeypatch
     steps, values = fast[0]["loss"]
     assert len(steps) == len(values) and 4998 <= len(steps) <= 5000
     assert all(not math.isnan(float(v)) for v in values)
+
+
+@pytest.mark.parametrize("line, fast", [
+    # the PyTorch word-LM example's line opens with "|" but is no table row: the scan takes it
+    ("| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 45.23 | loss  7.63 | ppl  2066.35", True),
+    # a markdown table's row and a YOLO results.txt row: parse() knows them by their header/places
+    ("| 0.7098        | 1.0   | 685  | 0.6945          | 0.5      |", False),
+    ("      0/19     11.8G   0.03585   0.01954   0.01185   0.06724       132       640    0.9422    0.9098"
+     "    0.9539    0.7285   0.02124  0.009931  0.006945", False),
+    # an overflow note: parse() reads it by its words
+    ("[2022-01-19 13:09:13,305] [INFO] [stage_1_and_2.py:1644:step] [deepscale] OVERFLOW! Rank 0 Skipping "
+     "step. Attempted loss scale: 1048576.0, reducing to 524288.0", False),
+])
+def test_which_shapes_the_scan_takes(line, fast):
+    from orchestrator.quality.linekeys import NUM_SPLIT
+    parts = NUM_SPLIT(" ".join(line.split()) if "  " in line else line)
+    assert (linescan.plan_of(tuple(parts[0::2]), readers_text.LineParser()) is not None) == fast

@@ -37,6 +37,9 @@ COLLAPSE = ("loss exactly 0.0 with NaN/zero grad norm: the loss is detached or m
 METRIC_ZERO = ("the eval metrics fell to exactly 0 after the model had learned: it now predicts nothing (a detector "
                "with no box above the threshold, a decoder with empty output). Usually a loss spike, a broken "
                "resume or an LR jump before it: resume from the last checkpoint with a good eval, at a lower LR.")
+ACC_CHANCE = ("the eval accuracy is 1/K on every eval: the model gives one class to every held-out sample, a "
+              "constant output. Usual causes: an LR too high or too low for the fine-tune, labels not matching the "
+              "classifier head, a frozen encoder, a class-weighted loss that collapsed.")
 EVAL_FROZEN = ("the eval loss is the same to every printed digit eval after eval while the train loss moves: the "
                "model being evaluated never changes. Check that the optimizer steps the weights the eval uses (a "
                "frozen or detached model, a stale checkpoint loaded for eval, a cached eval result).")

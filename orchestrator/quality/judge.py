@@ -36,7 +36,7 @@ RULES: Dict[str, Callable] = {
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
-    "eval_frozen": E.eval_frozen,
+    "eval_frozen": E.eval_frozen, "eval_acc_chance": E.eval_acc_chance,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening,
@@ -158,10 +158,15 @@ def _eval_veto(run: Run, opts: dict, findings: List[dict]) -> None:
     """A train loss that drifts up while the eval metric keeps improving is noise or benign
     (a tiny loss at its floor, harder batches): downgrade the trend STOP to a warn (WAIT)."""
     for f in findings:
-        if f["severity"] == "stop" and f["code"] in EVAL_VETO and f["step"] is not None \
-                and L.eval_improving(run, opts, float(f["step"])):  # type: ignore[arg-type]
+        if f["severity"] != "stop" or f["code"] not in EVAL_VETO or f["step"] is None:
+            continue
+        # since the onset; for a rise measured against the run's best level, since that best too:
+        # an eval better now than when the train loss was at its best is a model that got better
+        ev: dict = f["evidence"]  # type: ignore[assignment]
+        at = [float(f["step"])] + ([float(ev["best_step"])] if ev.get("best_step") is not None else [])  # type: ignore
+        if any(L.eval_improving(run, opts, since) for since in at):
             f["severity"] = "warn"
-            f["evidence"]["eval_improving"] = True  # type: ignore[index]
+            ev["eval_improving"] = True
 
 
 def _plateau_veto(findings: List[dict]) -> None:

@@ -1,5 +1,6 @@
-"""The rule on held-out quality metrics that fall to exactly zero: a detector whose mAP, precision
-and recall read 0 after it had learned, a translator whose BLEU went to 0.
+"""The rules on held-out metrics: quality metrics fallen to exactly zero (a detector whose mAP,
+precision and recall read 0 after it had learned), an eval loss that never changes, and an eval
+loss pinned at chance, ln(K).
 
 Same contract as ``rules.py``. A metric that was 0 from its first eval says nothing here: a
 detector trained from scratch prints P 0, R 0, mAP 0 for its first epochs, and a healthy run
@@ -9,12 +10,21 @@ judged, and never on one metric's one eval (a rare class can score 0 once).
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import math
+from bisect import bisect_left
+from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import is_quality_metric
+from orchestrator.quality.roles import is_accuracy, is_eval_side, is_quality_metric
 from orchestrator.quality.rules import Finding, _num, _r, finding
-from orchestrator.quality.series import Run, isfinite
+from orchestrator.quality.series import Run, Series, isfinite, median
+
+# a loss at chance, ln(K) (``rules_flat.chance_stuck`` for the train loss, ``chance_eval`` here)
+CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
+# an eval loss within 1e-5 (relative) of ln(K): the loss of exactly uniform probabilities, to float32
+# precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
+CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
+CHANCE_ACC_BAND = 0.01  # the eval loss near ln K while the eval accuracy is exactly 1/K on every eval
 
 # the level (as a fraction: a metric printed in percent is divided by 100) a metric must have
 # reached before its fall to 0 is a collapse: 0.1 mAP is a detector that finds things
@@ -63,16 +73,22 @@ EVAL_FROZEN_EVALS, EVAL_FROZEN_DIGITS = 8, 4
 
 
 def eval_frozen(run: Run, opts: dict) -> List[Finding]:
-    """STOP when the eval (or val) loss read the same ``EVAL_FROZEN_DIGITS``-digit value on its
-    last ``EVAL_FROZEN_EVALS`` evals while the train loss took other values meanwhile, and the
+    """STOP when the eval (or val) loss read the same ``EVAL_FROZEN_DIGITS``-digit value (to one
+    unit of its last digit) on its last ``EVAL_FROZEN_EVALS`` evals while the train loss took other
+    values meanwhile, and the
     LR is not down to a thousandth of its peak (a schedule's annealed tail stops the weights)."""
     ev = run.get("eval_loss") or run.get("val_loss")
     if ev is None or len(ev) < EVAL_FROZEN_EVALS:
         return []
     last = ev.values[-1]
-    if not (isfinite(last) and last > 0) or any(v != last for v in ev.values[-EVAL_FROZEN_EVALS:]):
+    if not (isfinite(last) and last > 0):
         return []
-    if len(("%.6g" % last).replace(".", "").lstrip("0")) < EVAL_FROZEN_DIGITS:
+    digits = len(("%.6g" % last).replace(".", "").lstrip("0"))
+    if digits < EVAL_FROZEN_DIGITS:
+        return []
+    # within one unit of the last printed digit: 3.5641 seven times, then 3.5640, is one value
+    unit = 10.0 ** (math.floor(math.log10(last)) - digits + 1) * (1 + 1e-9)
+    if any(not abs(v - last) <= unit for v in ev.values[-EVAL_FROZEN_EVALS:]):
         return []
     since = ev.steps[-EVAL_FROZEN_EVALS]
     train = run.get("loss")
@@ -88,3 +104,91 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
             return []
     return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": EVAL_FROZEN_EVALS,
                                                    "train_values_meanwhile": len(moved)}, H.EVAL_FROZEN, ev.name)]
+
+
+def _eval_acc_frozen(run: Run, since: float) -> Optional[float]:
+    """The value of an eval accuracy series whose last ``CHANCE_STEPS`` values, all logged from
+    ``since`` on, are one value (None when there is none). ``since`` is one eval before the eval
+    loss's window: an eval's accuracy line may come after its loss line, and a check between the
+    two must not retract the STOP."""
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if not is_accuracy(name) or not is_eval_side(name):
+            continue
+        a = run.series[name]
+        i = bisect_left(a.steps, since)
+        vals = a.values[i:][-CHANCE_STEPS:]
+        if len(vals) >= CHANCE_STEPS and isfinite(vals[0]) and all(v == vals[0] for v in vals):
+            return vals[0]
+    return None
+
+
+def chance_eval(s: Series, run: Run) -> List[Finding]:
+    """The last ``CHANCE_STEPS`` evals of the eval (or val) loss pinned to one ln(K) to float
+    precision while the train loss ``s`` sits within 5% of it: the model predicts a uniform
+    distribution on held-out data (eval loss 1.3862943649 = ln 4 on a 4-option task while the
+    per-batch train loss wanders 1.383-1.418, too noisy for ``chance_stuck``'s 0.15% band)."""
+    ev = run.get("eval_loss") or run.get("val_loss")
+    if ev is None or ev is s or len(ev) < CHANCE_STEPS:
+        return []
+    last = ev.values[-CHANCE_STEPS:]
+    if not all(isfinite(v) and v > 0 for v in last):
+        return []
+    # pinned to float precision; or within the train band (0.15%) while an eval accuracy logged
+    # beside it repeats one value exactly: the model predicts one class on held-out data (Lasagne's
+    # MNIST CNN: validation loss 2.3032-2.3014 = ln 10, accuracy 10.64 % on every epoch)
+    acc = _eval_acc_frozen(run, ev.steps[max(0, len(ev) - CHANCE_STEPS - 1)])
+    band = CHANCE_BAND if acc is not None else CHANCE_PINNED
+    K = H.chance_level(last[-1], band)
+    if acc is not None:
+        # the accuracy pinned at exactly 1/K is a witness of its own (0.5 on every eval of a
+        # binary task): the eval loss beside it need only be near ln K (0.6945-0.6997 = ln 2 +1%)
+        k = H.chance_level(last[-1], CHANCE_ACC_BAND)
+        if k and abs((acc / 100.0 if acc > 1.0 else acc) - 1.0 / k) <= 1e-3:
+            K, band = k, CHANCE_ACC_BAND
+    if not K:
+        return []
+    target = math.log(K)
+    if any(abs(v - target) > band * target for v in last):
+        return []
+    tail = [v for v in s.values[-CHANCE_STEPS:] if isfinite(v)]
+    if len(tail) < 3 or abs(median(tail) - target) > CHANCE_TRAIN_BAND * target:
+        return []  # the train loss learned (or is elsewhere): not a dead model
+    steps = ev.steps[len(ev) - CHANCE_STEPS:]
+    lr = run.get("lr")
+    warming = False
+    if lr is not None:  # as chance_stuck: uniform outputs while the LR still rises are a warmup
+        seen = lr.upto(steps[-1])
+        i0 = bisect_left(seen.steps, steps[0])
+        during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
+        warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
+    return [finding("chance_stuck", "warn" if warming else "stop", steps[0],
+                    {"series": ev.name, "value": _r(last[-1]), "K": K, "ln_K": _r(target), "evals": CHANCE_STEPS,
+                     "train_recent": _r(median(tail)), "lr_warming_up": warming}, H.no_learning(last[-1], run),
+                    ev.name)]
+
+
+def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
+    """STOP when an eval accuracy read exactly 1/K (K = 2..20, to 3 decimals) on its last
+    ``EVAL_FROZEN_EVALS`` evals while the train loss moved: the model gives every held-out
+    sample one class of a balanced K-class set (0.1667 on 10 evals of a 6-class task). A value
+    repeated that often is no accident of a small eval set, and 1/K is what one class scores."""
+    train = run.get("loss")
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if not is_accuracy(name) or not is_eval_side(name):
+            continue
+        a = run.series[name]
+        if len(a) < EVAL_FROZEN_EVALS or not isfinite(a.values[-1]):
+            continue
+        v = a.values[-1]
+        if any(x != v for x in a.values[-EVAL_FROZEN_EVALS:]):
+            continue
+        frac = v / 100.0 if v > 1.0 else v
+        K = next((k for k in range(2, 21) if abs(frac - 1.0 / k) <= 5e-4), 0)
+        if not K or train is None:
+            continue
+        since = a.steps[-EVAL_FROZEN_EVALS]
+        moved = {x for x, st in zip(train.values[-500:], train.steps[-500:]) if st >= since and isfinite(x)}
+        if len(moved) >= 2:
+            return [finding("chance_stuck", "stop", since, {"series": name, "value": _r(v), "K": K,
+                                                            "evals": EVAL_FROZEN_EVALS}, H.ACC_CHANCE, name)]
+    return []

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import is_accuracy, is_eval_side
 from orchestrator.quality.rules import Finding, _num, _r, finding, objective_moving, point_noise
+from orchestrator.quality.rules_eval import CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 NO_LEARNING_SPAN = 3000  # steps after which an unmoved loss is "no learning"
@@ -30,11 +31,6 @@ LOW_LOSS = 0.5
 FLAT_MIN_POINTS = 13  # the judge's MIN_POINTS: a flat start is judged as soon as anything is
 FLAT_REL, PRECISE = math.log(1 / 0.98), 0.03  # "within 2%", resolved to 3% or better
 FROZEN_LOGS, FROZEN_REL = 12, 1e-6  # 12 logs equal to 6 digits, and the value has more than 5
-CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
-# an eval loss within 1e-5 (relative) of ln(K): the loss of exactly uniform probabilities, to float32
-# precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
-CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
-CHANCE_ACC_BAND = 0.01  # the eval loss near ln K while the eval accuracy is exactly 1/K on every eval
 # -ln(FLT_MIN) = 87.3365 and -ln(DBL_MIN) = 708.396: the loss of a softmax whose every true-class
 # probability underflowed to the clamp (Caffe's SoftmaxWithLoss takes log(max(p, FLT_MIN))): the
 # net is confidently wrong on every sample, a dead softmax. Like ln(K), a value nothing else lands
@@ -353,64 +349,3 @@ def _acc_zero_at(run: Run, step: float) -> bool:
             if len(a) and a.steps[-1] == step and a.values[-1] == 0.0:
                 return True
     return False
-
-
-def _eval_acc_frozen(run: Run, since: float) -> Optional[float]:
-    """The value of an eval accuracy series whose last ``CHANCE_STEPS`` values, all logged from
-    ``since`` on, are one value (None when there is none). ``since`` is one eval before the eval
-    loss's window: an eval's accuracy line may come after its loss line, and a check between the
-    two must not retract the STOP."""
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or not is_eval_side(name):
-            continue
-        a = run.series[name]
-        i = bisect_left(a.steps, since)
-        vals = a.values[i:][-CHANCE_STEPS:]
-        if len(vals) >= CHANCE_STEPS and isfinite(vals[0]) and all(v == vals[0] for v in vals):
-            return vals[0]
-    return None
-
-
-def chance_eval(s: Series, run: Run) -> List[Finding]:
-    """The last ``CHANCE_STEPS`` evals of the eval (or val) loss pinned to one ln(K) to float
-    precision while the train loss ``s`` sits within 5% of it: the model predicts a uniform
-    distribution on held-out data (eval loss 1.3862943649 = ln 4 on a 4-option task while the
-    per-batch train loss wanders 1.383-1.418, too noisy for ``chance_stuck``'s 0.15% band)."""
-    ev = run.get("eval_loss") or run.get("val_loss")
-    if ev is None or ev is s or len(ev) < CHANCE_STEPS:
-        return []
-    last = ev.values[-CHANCE_STEPS:]
-    if not all(isfinite(v) and v > 0 for v in last):
-        return []
-    # pinned to float precision; or within the train band (0.15%) while an eval accuracy logged
-    # beside it repeats one value exactly: the model predicts one class on held-out data (Lasagne's
-    # MNIST CNN: validation loss 2.3032-2.3014 = ln 10, accuracy 10.64 % on every epoch)
-    acc = _eval_acc_frozen(run, ev.steps[max(0, len(ev) - CHANCE_STEPS - 1)])
-    band = CHANCE_BAND if acc is not None else CHANCE_PINNED
-    K = H.chance_level(last[-1], band)
-    if acc is not None:
-        # the accuracy pinned at exactly 1/K is a witness of its own (0.5 on every eval of a
-        # binary task): the eval loss beside it need only be near ln K (0.6945-0.6997 = ln 2 +1%)
-        k = H.chance_level(last[-1], CHANCE_ACC_BAND)
-        if k and abs((acc / 100.0 if acc > 1.0 else acc) - 1.0 / k) <= 1e-3:
-            K, band = k, CHANCE_ACC_BAND
-    if not K:
-        return []
-    target = math.log(K)
-    if any(abs(v - target) > band * target for v in last):
-        return []
-    tail = [v for v in s.values[-CHANCE_STEPS:] if isfinite(v)]
-    if len(tail) < 3 or abs(median(tail) - target) > CHANCE_TRAIN_BAND * target:
-        return []  # the train loss learned (or is elsewhere): not a dead model
-    steps = ev.steps[len(ev) - CHANCE_STEPS:]
-    lr = run.get("lr")
-    warming = False
-    if lr is not None:  # as chance_stuck: uniform outputs while the LR still rises are a warmup
-        seen = lr.upto(steps[-1])
-        i0 = bisect_left(seen.steps, steps[0])
-        during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
-        warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
-    return [finding("chance_stuck", "warn" if warming else "stop", steps[0],
-                    {"series": ev.name, "value": _r(last[-1]), "K": K, "ln_K": _r(target), "evals": CHANCE_STEPS,
-                     "train_recent": _r(median(tail)), "lr_warming_up": warming}, H.no_learning(last[-1], run),
-                    ev.name)]

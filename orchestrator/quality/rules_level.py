@@ -158,7 +158,8 @@ def level_shift(run: Run, opts: dict) -> List[Finding]:
     code = "level_shift" if jump >= 0.6 * peak else "divergence_best"
     head = levels[0]
     ev = {"series": s.name, "ratio_to_best": _r(_exp(last)), "best_level": _r(math.exp(best)),
-          "recent_level": _r(math.exp(levels[-1])), "block_noise": _r(sigma), "threshold": _r(_exp(need_stop)),
+          "recent_level": _r(math.exp(levels[-1])), "best_step": _num(ends[at]),
+          "block_noise": _r(sigma), "threshold": _r(_exp(need_stop)),
           "rule": how or None, "since_step": _num(ends[first]) if first is not None else None,
           "blocks": nl, "block_points": block_size(len(s))}
     sev = "stop"

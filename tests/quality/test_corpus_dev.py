@@ -102,6 +102,23 @@ KNOWN_MISSES = {
     "dev12_wenxin_jiang_cs577_aradia_ctc_wer_1_for_69_evals.md",
     # one "val_loss: inf" between finite ones under mixed precision: one eval, then 10.65
     "dev12_soumik12345_pointcloud_seg_pr16_fp16_val_loss_inf.log",
+    # model cards: a binary classifier's train loss 1.0 -> 2.9 while its val loss falls 3.77 -> 2.76 (no
+    # metric column); a 4-sample eval set whose accuracy flips 0.25/0.5 while the val loss rises from the
+    # first eval as the train loss falls (overfitting at once, but 11 evals of 4 samples prove little)
+    "dev13_wenxin_jiang_cs577_bert_sentiment_train_loss_1_to_2p9.md",
+    "dev13_wenxin_jiang_cs577_setfit_deberta_val_loss_up_from_first_acc_chance.md",
+    # the loss climbs back 0.48 -> 0.58-1.04 between "..." elisions while grad_norm jumps 0.27 -> 23:
+    # 10 logs, the climb not monotone, no held-out witness
+    "dev13_facebookresearch_crystal_text_llm_i6_loss_doubles_gradnorm_x80.log",
+    # two trainer_log records, 2.7044 then 0.0, no gradient logged: one zero is one point
+    "dev13_hiyouga_llamafactory_i506_trainer_log_loss_2p7_to_0.jsonl",
+    # a CTC loss flat at 114-116 with acc 0 on 6 logs of epoch 3: CTC's scale has no ln K to be at
+    "dev13_paddlepaddle_paddleocr_i3074_rec_acc_0_loss_114_flat.log",
+    # only the last of 6 epochs is bad (loss 0.177 -> 0.275, its Penalty x56): one point
+    "dev13_facebookresearch_demucs_i354_valid_loss_jumps_penalty_x56.log",
+    # "[6000] image_loss 304112.1 / model_loss 152175.0", then 8.5e30 and inf on the 3rd record: the
+    # world model's losses are read but no series is the loss, and "model_loss inf" is one point
+    "dev13_danijar_dreamer_i58_image_loss_explodes_model_loss_inf.log",
 }
 
 

@@ -237,3 +237,18 @@ def _write(tmp_path, name, text):
     p = tmp_path / name
     p.write_text(text)
     return p
+
+
+def test_an_eval_accuracy_at_one_class_on_every_eval_and_a_frozen_eval_within_its_last_digit(tmp_path):
+    # a 6-class task: accuracy 0.1667 on 10 evals while the train loss moves
+    rows = [("%.4f" % (1.83 - e / 400), e, 3180 * e, 1.80 + (e % 3) / 100, 0.1667) for e in range(1, 11)]
+    v = judge(_read(_write(tmp_path, "six.md", _card(rows))), {"final": True})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "chance_stuck"
+    # the same accuracy on 7 evals only, or a repeated accuracy that is no 1/K: not a STOP
+    assert judge(_read(_write(tmp_path, "seven.md", _card(rows[:7]))), {"final": True})["verdict"] != "STOP"
+    rows93 = [r[:4] + (0.9333,) for r in rows]
+    assert judge(_read(_write(tmp_path, "good.md", _card(rows93))), {"final": True})["verdict"] != "STOP"
+    # an eval loss at 3.5641 seven times, then 3.5640 (one unit of its last digit): frozen
+    frozen = [("%.4f" % (3.59 + (e % 4) / 100), e / 2, 300 * e, 3.5641 if e < 9 else 3.5640, 0.9733) for e in range(1, 10)]
+    v = judge(_read(_write(tmp_path, "frozen.md", _card(frozen))), {"final": True})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "eval_frozen"

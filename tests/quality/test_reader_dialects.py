@@ -110,7 +110,8 @@ def test_per_epoch_batch_counters_and_runs_logged_one_after_another(tmp_path):
     for model in ("resnet-50", "resnet-34", "resnet-18"):
         for e in range(1, 41):
             runs += ["%s - Epoch %d/40" % (model, e), "----------", "lr: [0.001]",
-                     "train Loss: %.4f Top-1 Acc: 50.0" % (2.4 / e ** 0.5), "test Loss: %.4f Top-1 Acc: 50.0" % (2.3 / e ** 0.5)]
+                     "train Loss: %.4f Top-1 Acc: %.1f" % (2.4 / e ** 0.5, 50 + e),
+                     "test Loss: %.4f Top-1 Acc: %.1f" % (2.3 / e ** 0.5, 49 + e)]  # (50.0 on all 40: one class)
     for text in (runs[:220], runs):  # line by line, and through the columnar paths
         run = _run(tmp_path, text)
         assert len(run.restarts) == text.count("resnet-34 - Epoch 1/40") + text.count("resnet-18 - Epoch 1/40")

@@ -20,8 +20,15 @@ from orchestrator.quality.tables import DARKNET
 # a number not glued to the end of an identifier ("Prec@1" and "top1" are keys); nan/inf tokens as
 # written by Python, JSON, C, and not the head of a word (logging's 'root INFO: epoch ...' is no
 # infinite 'root')
-_NUM = r"(?<![\w.@])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_])))"
+# PaddlePaddle's loggers print each value as "{:x<6f}": a NaN fills its field with x ("loss: nanxxx",
+# "infxxx", "-infxx"); a float is wider than 6 and is never filled (``as_float`` drops the x)
+_NUM = r"(?<![\w.@])([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?:x{1,3})?(?![A-Za-z_])))"
 NUM_SPLIT = re.compile(_NUM).split
+
+
+def as_float(tok: str) -> float:
+    """A number token of ``NUM_SPLIT`` as a float (an x-filled "nanxxx" is NaN)."""
+    return float(tok) if tok[-1] != "x" else float(tok.rstrip("x"))
 _IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
 _STRIP = " \t'\":=[]{}>#"
 _METRICISH = ("loss", "eval", "val", "acc", "wer", "bleu", "rouge", "ppl", "perplex", "f1", "reward")
@@ -80,7 +87,6 @@ def _at_step(m: "re.Match[str]") -> str:
     return "%s %s, %s " % (m.group(2), m.group(3), "loss" if name == "score" else name)
 
 
-_X_FILLED = re.compile(r"(?<![\w.])(-?(?:nan|inf))x{1,3}(?![\w.])")
 _BAR_THEN_LOG = re.compile(r"(?<=it/s\])(?=\S)|(?<=s/it\])(?=\S)")
 
 
@@ -89,11 +95,7 @@ def unwrap_values(text: str) -> str:
     and "NAME at iteration N is X" as "iteration N, NAME X"."""
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
-    if "nanx" in text or "infx" in text:
-        # PaddlePaddle's loggers print each value as "{:x<6f}": a NaN fills its field with x
-        # ("loss: nanxxx", "infxxx"); a float is wider than 6 and is never filled
-        text = _X_FILLED.sub(r"\1", text)
-    if ("verflow" in text or "VERFLOW" in text) and "%|" in text:
+    if "%|" in text and ("verflow" in text or "VERFLOW" in text):
         # tqdm draws its bar with no newline: a logger's line written then lands on the bar's
         # line ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32"); it is a line of its own
         text = _BAR_THEN_LOG.sub("\n", text)

@@ -21,7 +21,7 @@ from orchestrator.quality.linekeys import (_GLOG, _KNOWN, _METRICISH, NUM_SPLIT,
 from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP, LineParser
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
-from orchestrator.quality.tables import may_abort
+from orchestrator.quality.tables import abort_record, may_abort
 
 # every separator str.splitlines() breaks on, so each row is exactly one splitlines() line
 _BRK = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -59,7 +59,8 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
         return None  # a YOLO results.txt row: parse() knows its columns by their place
     if segs[0].lstrip()[:1] == "|" and segs[-1].rstrip()[-1:] == "|":
         return None  # a markdown table's row: its columns are named by a header (``tables.Box``)
-    if may_abort(" ".join(segs)):
+    sample = "1".join(segs)  # a line of this shape, every number a 1
+    if may_abort(sample) and abort_record(sample) is not None:
         return None  # an abort or overflow note: parse() reads it by its words, not its tokens
     batch_cols = _epoch_batch_cols(segs)
     if batch_cols is None and context_shape(segs):

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.linekeys import (_CLOSERS, _GLOG, _GROUP, _HEADER_ENDS, _KNOWN, _METRICISH, NUM_SPLIT,
-                                           PY_WARNING, _group_name, _key_of, _opens_index, config_dump, on_split,
+                                           PY_WARNING, as_float, _group_name, _key_of, _opens_index, config_dump, on_split,
                                            split_head, unwrap_values)
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
@@ -184,7 +184,7 @@ class LineParser:
                 name = on_split(raw, name)
             if not raw:
                 if prev_key and seg.strip() == "/" and planned is None:
-                    planned = of_step = float(parts[i])
+                    planned = of_step = as_float(parts[i])
                 prev_key = ""
                 continue
             prev_key = ""
@@ -192,16 +192,16 @@ class LineParser:
             if raw in STEP_KEYS:
                 rank = STEP_KEYS[raw]
                 if step is None or (rank > step_rank and step_rank < 3):
-                    step, step_rank = float(tok), rank
+                    step, step_rank = as_float(tok), rank
                     prev_key = raw
                 continue
             if raw == "epoch":
                 if "." not in tok:
-                    epoch = float(tok)
+                    epoch = as_float(tok)
                 continue
             if not known and (name in _KNOWN or any(m in name for m in _METRICISH)):
                 known = True
-            vals.append((name, float(tok)))
+            vals.append((name, float(tok) if tok[-1] != "x" else as_float(tok)))
         if not vals or not known:
             return None
         m = EPOCH_OF.search(line) if "poch" in line and "/" in line else None

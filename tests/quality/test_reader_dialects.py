@@ -345,3 +345,12 @@ def test_a_top_k_key_keeps_its_k_and_a_loss_near_ln_k_beside_accuracy_1_over_k_i
     # the same loss while the accuracy is far above 1/K: a model that learned something
     run = _run(tmp_path, [line % (b, 2.3118, 35.0 + b / 10) for b in range(0, 60, 10)], "learned.log")
     assert judge(run, {})["verdict"] != "STOP"
+
+
+def test_llamafactory_trainer_log_steps_by_current_steps(tmp_path):
+    rows = ['{"current_steps": %d, "total_steps": 375, "loss": %s, "lr": 5e-05, "epoch": %.2f, "percentage": 2.67}'
+            % (s, "%.4f" % (2.0 - s / 1000), s / 125) for s in range(10, 210, 10)]
+    p = tmp_path / "trainer_log.jsonl"
+    p.write_text("\n".join(rows) + "\n")
+    run = Tracker([str(p)]).update()
+    assert list(run.series["loss"].steps)[:3] == [10.0, 20.0, 30.0] and "current_steps" not in run.series

@@ -29,6 +29,8 @@ NUM_SPLIT = re.compile(_NUM).split
 def as_float(tok: str) -> float:
     """A number token of ``NUM_SPLIT`` as a float (an x-filled "nanxxx" is NaN)."""
     return float(tok) if tok[-1] != "x" else float(tok.rstrip("x"))
+
+
 _IDENT = re.compile(r"[a-z_][\w/.\-@]*\Z")
 _STRIP = " \t'\":=[]{}>#"
 _METRICISH = ("loss", "eval", "val", "acc", "wer", "bleu", "rouge", "ppl", "perplex", "f1", "reward")

@@ -261,4 +261,3 @@ def loss_scale_floor(run: Run, opts: dict) -> List[Finding]:
                         {"series": OVERFLOW_SERIES, "last_values": [_r(v) for v in ov.values[-4:]],
                          "overflows_at_floor": len(ov) - k, "floor": OVERFLOW_FLOOR}, H.SCALE_FLOOR, OVERFLOW_SERIES)]
     return []
-

@@ -75,8 +75,8 @@ EVAL_FROZEN_EVALS, EVAL_FROZEN_DIGITS = 8, 4
 def eval_frozen(run: Run, opts: dict) -> List[Finding]:
     """STOP when the eval (or val) loss read the same ``EVAL_FROZEN_DIGITS``-digit value (to one
     unit of its last digit) on its last ``EVAL_FROZEN_EVALS`` evals while the train loss took other
-    values meanwhile, and the
-    LR is not down to a thousandth of its peak (a schedule's annealed tail stops the weights)."""
+    values meanwhile, and the LR is not down to a thousandth of its peak (a schedule's annealed
+    tail stops the weights)."""
     ev = run.get("eval_loss") or run.get("val_loss")
     if ev is None or len(ev) < EVAL_FROZEN_EVALS:
         return []
@@ -104,6 +104,12 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
             return []
     return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": EVAL_FROZEN_EVALS,
                                                    "train_values_meanwhile": len(moved)}, H.EVAL_FROZEN, ev.name)]
+
+
+def _one_class(acc: float, k: int) -> bool:
+    """An accuracy (a fraction, or a percent above 1) at 1/k as printed to 3-4 decimals: what one
+    class of a balanced k-class set scores."""
+    return abs((acc / 100.0 if acc > 1.0 else acc) - 1.0 / k) <= 5e-4
 
 
 def _eval_acc_frozen(run: Run, since: float) -> Optional[float]:
@@ -143,7 +149,7 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
         # the accuracy pinned at exactly 1/K is a witness of its own (0.5 on every eval of a
         # binary task): the eval loss beside it need only be near ln K (0.6945-0.6997 = ln 2 +1%)
         k = H.chance_level(last[-1], CHANCE_ACC_BAND)
-        if k and abs((acc / 100.0 if acc > 1.0 else acc) - 1.0 / k) <= 1e-3:
+        if k and _one_class(acc, k):
             K, band = k, CHANCE_ACC_BAND
     if not K:
         return []
@@ -182,8 +188,7 @@ def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
         v = a.values[-1]
         if any(x != v for x in a.values[-EVAL_FROZEN_EVALS:]):
             continue
-        frac = v / 100.0 if v > 1.0 else v
-        K = next((k for k in range(2, 21) if abs(frac - 1.0 / k) <= 5e-4), 0)
+        K = next((k for k in range(2, 21) if _one_class(v, k)), 0)
         if not K or train is None:
             continue
         since = a.steps[-EVAL_FROZEN_EVALS]

@@ -57,6 +57,8 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
         return None
     if len(segs) == 17 and segs[1].strip() == "/" and segs[3].strip() in ("G", "M"):
         return None  # a YOLO results.txt row: parse() knows its columns by their place
+    if "(AP) @[" in segs[0]:
+        return None  # pycocotools' summary: parse() keeps only its all-area lines (``tables``)
     if segs[0].lstrip()[:1] == "|" and segs[-1].rstrip()[-1:] == "|":
         return None  # a markdown table's row: its columns are named by a header (``tables.Box``)
     sample = "1".join(segs)  # a line of this shape, every number a 1

@@ -18,8 +18,8 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, Wrap, epoch_step, has_epoch_bar)
-from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, darknet_record,
-                                         has_table_head, may_abort, table_head, yolo_results_row)
+from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, coco_record,
+                                         darknet_record, has_table_head, may_abort, table_head, yolo_results_row)
 
 CHUNK = 8 << 20
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
@@ -120,6 +120,9 @@ class LineParser:
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:
                 return ab[0], ab[1], None
+        if "(AP) @[" in line:
+            ap = coco_record(line)  # pycocotools' summary: the eval's AP at the step trained so far
+            return None if ap is None else (None, ap, None)
         if " avg" in line and " rate" in line:
             dk = darknet_record(line)
             if dk is not None:

@@ -274,6 +274,20 @@ def bare_nonfinite_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float
     return step, [("loss", math.nan)]
 
 
+# pycocotools' summary (mmdetection, detectron2, YOLOv5-v7 --save-json, EfficientDet, DETR): " Average
+# Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = 0.412"; the all-area lines at
+# 100 detections are the eval's AP, AP50 and AP75 (-1.000 is "no such objects": nothing)
+_COCO = re.compile(r"\s*Average Precision\s+\(AP\) @\[ IoU=(0\.50:0\.95|0\.50|0\.75)\s*\| area=\s*all \| "
+                   r"maxDets=\s*100 \] = (\d\.\d+)")
+_COCO_NAMES = {"0.50:0.95": "AP", "0.50": "AP50", "0.75": "AP75"}
+
+
+def coco_record(line: str) -> Optional[List[Tuple[str, float]]]:
+    """[(AP name, value)] of a pycocotools summary line, None for any other line."""
+    m = _COCO.match(line)
+    return None if m is None else [(_COCO_NAMES[m.group(1)], float(m.group(2)))]
+
+
 # YOLO's results.txt (yolov3-v5 before v6, yolov7 still): one headerless row per epoch, "epoch/last
 # mem" then 13 numbers in a fixed order: box obj cls total targets img_size, then P R mAP@.5, a
 # fourth metric (mAP@.5:.95, or F1 in old yolov3) and the three val losses

@@ -117,3 +117,27 @@ def test_which_shapes_the_scan_takes(line, fast):
     from orchestrator.quality.linekeys import NUM_SPLIT
     parts = NUM_SPLIT(" ".join(line.split()) if "  " in line else line)
     assert (linescan.plan_of(tuple(parts[0::2]), readers_text.LineParser()) is not None) == fast
+
+
+def test_pycocotools_summaries_read_alike_line_by_line_and_in_a_large_chunk(tmp_path):
+    # 40 evals of 12 summary lines each, after an mmdet train line: the all-area AP lines are the eval
+    coco = (" Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = %.3f\n"
+            " Average Precision  (AP) @[ IoU=0.50      | area=   all | maxDets=100 ] = %.3f\n"
+            " Average Precision  (AP) @[ IoU=0.50:0.95 | area= small | maxDets=100 ] = -1.000\n"
+            " Average Recall     (AR) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = 0.500\n")
+    text = "".join("Epoch [%d][100/100]\tlr: 1.000e-02, loss: %.4f\n" % (e, 2.0 / e) + coco % (0.3 + e / 200, 0.5)
+                   for e in range(1, 41))
+    p = tmp_path / "train.log"
+    p.write_text(text)
+    big = Tracker([str(p)]).update()  # > 4 KiB: the ordered scan
+    assert len(big.series["AP"]) == 40 and big.series["AP50"].values[-1] == 0.5
+    assert list(big.series["AP"].steps) == list(big.series["loss"].steps)
+    small = tmp_path / "short.log"
+    small.write_text(text[:600])
+    assert Tracker([str(small)]).update().series["AP"].values[0] == 0.305
+    # then the detector predicts nothing: AP and AP50 both 0 at one eval after 0.5
+    with open(p, "a") as f:
+        f.write("Epoch [41][100/100]\tlr: 1.000e-02, loss: 0.0480\n" + coco % (0.0, 0.0))
+    from orchestrator.quality.judge import judge
+    v = judge(Tracker([str(p)]).update(), {})
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "metric_zero"

@@ -35,7 +35,7 @@ DISCOVER = ("metrics.jsonl", "*.jsonl", "checkpoint-*/trainer_state.json", "trai
 
 FORMATS = ("wandb", "tfevents", "trainer_state", "jsonl", "csv", "text")  # in the order sniff tries them
 HEAD = 65536
-_CSV_FIELD = re.compile(r"[A-Za-z_][\w/.\-@()\[\] ]*\Z")
+_CSV_FIELD = re.compile(r"[A-Za-z_][\w/.\-@()\[\]: ]*\Z")  # (":" for YOLOv5's metrics/mAP_0.5:0.95)
 
 
 class UnknownFormat(ValueError):

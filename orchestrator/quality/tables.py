@@ -35,7 +35,8 @@ _YOLO = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "loss
          "dfl": "dfl_loss", "seg": "seg_loss"}
 _NOT_METRIC = frozenset({"gpu_mem", "instances", "labels", "size", "img_size", "time", "targets"})
 _E_OF_N = re.compile(r"(\d+)/(\d+)\Z")
-_BAR_START = re.compile(r":\s*\d+%\|")
+_BAR_START = re.compile(r":\s*\d+%(?:\||\s)")  # (a notebook's copy of a bar drops its "|")
+_BARE_BAR = re.compile(r":\s+\d+% +(\d+)/(\d+) ")
 _VAL_COLS = {"P": "precision", "R": "recall", "mAP@.5": "mAP50", "mAP50": "mAP50", "mAP@.5:.95": "mAP50-95",
              "mAP50-95": "mAP50-95"}
 _LOSS_ROLES = ("loss", "val_loss", "eval_loss")
@@ -106,6 +107,10 @@ class Table:
             if j < 0:
                 return None
             text = line[:j]
+        elif "% " in line:
+            m = _BARE_BAR.search(line)  # "... 448: 100% 1626/1626 [22:57<00:00]": a bar with no bar
+            if m is not None:  # drawn (a notebook's copy of it)
+                bar, text = (int(m.group(1)), int(m.group(2))), line[:m.start()]
         toks = text.split()
         n = len(self.names)
         if len(toks) == n + 1 and toks[0].isdigit():

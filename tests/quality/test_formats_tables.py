@@ -252,3 +252,24 @@ def test_an_eval_accuracy_at_one_class_on_every_eval_and_a_frozen_eval_within_it
     frozen = [("%.4f" % (3.59 + (e % 4) / 100), e / 2, 300 * e, 3.5641 if e < 9 else 3.5640, 0.9733) for e in range(1, 10)]
     v = judge(_read(_write(tmp_path, "frozen.md", _card(frozen))), {"final": True})
     assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "eval_frozen"
+
+
+def test_a_notebooks_yolo_rows_without_bars_and_yolov5s_padded_results_csv(tmp_path):
+    # a Colab copy of a YOLO console: the bar's "|" are gone ("448: 100% 1626/1626 [22:57<00:00]")
+    head = "               Class      Images        Targets            P               R         mAP@.5   mAP@.5:.95: "
+    p = _write(tmp_path, "colab.log", "".join(
+        YOLO7.replace("labels", "targets") + "      %d/49     8.55G    0.0194   0.03467  0.003309   %.5f        12"
+        "       448: 100%% 1626/1626 [22:57<00:00,  1.18it/s]\n%s100%% 350/350 [04:06<00:00,  1.42it/s]\n"
+        "                   all      3.14e+04    3.28e+04       0.603       0.861       %.3f       0.574\n\n"
+        % (e, 0.057 - e / 1000, head, 0.8 + e / 100) for e in range(4)))
+    run = _read(p)
+    assert list(run.series["loss"].steps) == [1626.0, 3252.0, 4878.0, 6504.0]
+    assert run.series["mAP50"].values[-1] == 0.83 and run.series["mAP50"].steps[-1] == 6504.0
+    # YOLOv5's results.csv pads every header to 20 characters; "metrics/mAP_0.5:0.95" holds a colon
+    cols = ["epoch", "train/box_loss", "train/obj_loss", "metrics/precision", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
+            "val/box_loss"]
+    rows = ["%20s," * len(cols) % tuple(cols)]
+    rows += [",".join("%20s" % v for v in (e, 0.087 - e / 1000, 0.035, 0.39, 0.3 + e / 100, 0.1 + e / 200, 0.07))
+             for e in range(20)]
+    run = _read(_write(tmp_path, "results.csv", "\n".join(r.rstrip(",") for r in rows) + "\n"))
+    assert len(run.series["metrics/map_0.5:0.95"]) == 20 and run.main_loss() is not None  # (names lowercased)

@@ -354,3 +354,10 @@ def test_llamafactory_trainer_log_steps_by_current_steps(tmp_path):
     p.write_text("\n".join(rows) + "\n")
     run = Tracker([str(p)]).update()
     assert list(run.series["loss"].steps)[:3] == [10.0, 20.0, 30.0] and "current_steps" not in run.series
+
+
+def test_a_cross_entropy_alone_on_its_line_is_the_loss(tmp_path):
+    # MXNet's Speedometer: "Train-cross-entropy=" is the only metric on the line, no word "loss"
+    run = _run(tmp_path, ["INFO:root:Epoch[0] Batch [%d]\tSpeed: 40726.16 samples/sec\tTrain-cross-entropy=%.6f"
+                          % (b, 1.05 / (1 + b / 100)) for b in range(100, 700, 100)])
+    assert run.main_loss() is not None and len(run.main_loss()) == 6

@@ -361,3 +361,13 @@ def test_a_cross_entropy_alone_on_its_line_is_the_loss(tmp_path):
     run = _run(tmp_path, ["INFO:root:Epoch[0] Batch [%d]\tSpeed: 40726.16 samples/sec\tTrain-cross-entropy=%.6f"
                           % (b, 1.05 / (1 + b / 100)) for b in range(100, 700, 100)])
     assert run.main_loss() is not None and len(run.main_loss()) == 6
+
+
+def test_ms_swift_logging_jsonl_steps_by_its_global_step_of_max_steps(tmp_path):
+    rows = ['{"loss": %.4f, "acc": 0.64, "grad_norm": 3.48, "learning_rate": 1.6e-05, "epoch": 0.75, '
+            '"global_step/max_steps": "%d/11043", "percentage": "74.89%%", "elapsed_time": "5h 2m"}' % (1.4 - s / 1e5, s)
+            for s in range(8270, 8330, 5)]
+    p = tmp_path / "logging.jsonl"
+    p.write_text("\n".join(rows) + "\n")
+    run = Tracker([str(p)]).update()
+    assert run.series["loss"].steps[0] == 8270.0 and run.planned_steps == 11043.0

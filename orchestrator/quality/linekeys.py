@@ -127,7 +127,7 @@ def context_shape(segs: Sequence[str]) -> bool:
     (``steps.context_line``), or a glog head whose numbers are not metrics."""
     joined = "0".join(segs)
     if segs[0].startswith("|") and segs[-1].rstrip().endswith("|") and len(segs) == 2:
-        return True  # a boxed table's row: its key is before a "|" (``tables.Box``)
+        return True  # a boxed table's row: its key is before a "|" (``tables_box.Box``)
     if " avg" in joined and " rate" in joined and DARKNET.match(joined):
         return True  # darknet's "N: loss, avg avg, lr rate": names after values (``tables``)
     return any(_opens_index(seg) or ("oss" in seg and _GROUP.search(seg)) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))

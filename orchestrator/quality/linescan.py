@@ -60,7 +60,7 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
     if "(AP) @[" in segs[0]:
         return None  # pycocotools' summary: parse() keeps only its all-area lines (``tables``)
     if segs[0].lstrip()[:1] == "|" and segs[-1].rstrip()[-1:] == "|":
-        return None  # a markdown table's row: its columns are named by a header (``tables.Box``)
+        return None  # a markdown table's row: its columns are named by a header (``tables_box.Box``)
     sample = "1".join(segs)  # a line of this shape, every number a 1
     if may_abort(sample) and abort_record(sample) is not None:
         return None  # an abort or overflow note: parse() reads it by its words, not its tokens

@@ -18,8 +18,9 @@ from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH, TQDM_STEP,
                                         BatchCounter, Wrap, epoch_step, has_epoch_bar)
-from orchestrator.quality.tables import (Box, Table, abort_record, bare_nonfinite_row, checkpoint_record, coco_record,
+from orchestrator.quality.tables import (Table, abort_record, bare_nonfinite_row, checkpoint_record, coco_record,
                                          darknet_record, has_table_head, may_abort, table_head, yolo_results_row)
+from orchestrator.quality.tables_box import Box
 
 CHUNK = 8 << 20
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
@@ -99,7 +100,7 @@ class LineParser:
             return None  # tqdm progress bar
         c = line[:1]
         if (c == "|" and line.rstrip()[-1:] == "|") or (c == "-" and self.box.vals):
-            rec = self.box.line(line)  # a boxed table's row, or its closing rule (``tables.Box``)
+            rec = self.box.line(line)  # a boxed table's row, or its closing rule (``tables_box``)
             if rec is None:
                 return None
             self.by_epoch = self.box.by_epoch and rec[0] is not None  # a row's epoch, as "Epoch 3 ..."

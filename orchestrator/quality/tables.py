@@ -1,20 +1,23 @@
-"""Console tables and trainer stop messages: metrics whose names are not beside their values.
+"""Console tables and trainer notes: metrics whose names are not beside their values.
 
-Two line shapes that ``key: value`` parsing cannot read (stdlib only; used by ``readers_text``):
+Line shapes that ``key: value`` parsing cannot read (stdlib only; used by ``readers_text``):
 
 * a column table: one header line of names, then one row of bare values per epoch (or per bar
   refresh). YOLOv5/v7 and ultralytics print ``Epoch GPU_mem box_loss cls_loss ... Size`` over
   ``1/100  3.2G  0.05 ...  640: 100%|###| 4/4 [...]``; fastai prints ``epoch train_loss
   valid_loss error_rate time`` over ``0  0.52  0.41  0.12  00:05``; a printed pandas frame adds
   an index column. A row is read by position against the last header, and only while it has
-  exactly the header's columns (an interleaved validation row ``all 200 449 0.8 ...`` is not one).
-* a boxed key/value table, one per logging round (stable-baselines3's ``| train/ |`` section
-  rows ``|    loss            | 0.123 |`` between dashed rules): a record when its closing rule
-  comes, each key under its section (``train/loss``), its step from ``time/total_timesteps``.
+  exactly the header's columns. YOLO's validation table after each row (``Class Images ... P R
+  mAP@.5``, then ``all 200 449 0.8 ...``) is that epoch's eval.
+* rows whose columns are known by place: YOLO's headerless ``results.txt``; pycocotools'
+  summary lines (``Average Precision (AP) @[ IoU=0.50:0.95 | area= all ...] = 0.412``).
 * a trainer's own abort on a non-finite loss (torchvision's reference scripts: ``Loss is inf,
   stopping training``; detectron2: ``Loss became infinite or NaN at iteration=166!``): the last
   word of a run, logged once, after which no loss point follows. It is recorded as a point of
-  the ``nonfinite_abort`` series, which ``rules.nonfinite_loss`` reads as a STOP.
+  the ``nonfinite_abort`` series, which ``rules.nonfinite_loss`` reads as a STOP. An fp16
+  overflow note is no abort: the loss scale it leaves is recorded (``OVERFLOW_SERIES``).
+
+Boxed and markdown tables are ``tables_box``'s.
 """
 
 from __future__ import annotations
@@ -311,100 +314,3 @@ def yolo_results_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]
     except ValueError:
         return None
     return float(m.group(1)), vals, float(m.group(2))
-
-
-_BOX_ROW = re.compile(r"\|\s*([A-Za-z_][^|]*?)\s*\|\s*([^|]*?)\s*\|\s*\Z")
-_BOX_STEPS = ("time/total_timesteps", "time/iterations", "total_timesteps")
-
-
-_MD_RULE = re.compile(r":?-{3,}:?\Z")
-_MD_STEPS = ("step", "steps", "global step", "iteration", "iter")
-
-
-def md_names(head: List[str]) -> List[str]:
-    """Series names for a markdown table's header. In a Hugging Face model card's "Training
-    results" table every column after "Validation Loss" is an eval metric ("Wer", "Accuracy",
-    "Rouge1"), though none says so: it is named ``eval_<metric>``."""
-    low = [h.lower() for h in head]
-    evals = low.index("validation loss") if "validation loss" in low else len(low)
-    out = []
-    for i, h in enumerate(low):
-        if h in _MD_STEPS:
-            out.append("step")
-        elif i > evals:
-            out.append("eval_" + "_".join(h.split()))
-        else:
-            out.append(SYNONYMS.get(h, SYNONYMS.get("_".join(h.split()), "_".join(h.split()))))
-    return out
-
-
-class Box:
-    """The rows of one boxed table (stable-baselines3's logger) and of a markdown table (a model
-    card's "Training results"), read one line at a time."""
-
-    __slots__ = ("section", "vals", "head", "md", "by_epoch", "carried")
-
-    def __init__(self) -> None:
-        self.section = ""
-        self.vals: dict = {}
-        self.head: Optional[List[str]] = None  # the cells of the last row of names
-        self.md: Optional[List[str]] = None  # the series names of the markdown table being read
-        self.by_epoch = False  # the last row's step is its epoch: no table column named the step
-        self.carried: Optional[float] = None  # the train loss of the markdown table's row before
-
-    def _md(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
-        """A markdown table's line: its header (kept), its rule (names the columns), a row."""
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if self.head is not None and len(cells) == len(self.head) and all(_MD_RULE.match(c) for c in cells):
-            self.md, self.head = md_names(self.head), None
-            return None
-        if self.md is not None and len(cells) == len(self.md):
-            vals, step, epoch = [], None, None
-            for name, cell in zip(self.md, cells):
-                try:
-                    v = float(cell)
-                except ValueError:
-                    continue  # "No log": HF's train loss before its first logging step
-                if name == "step":
-                    step = v
-                elif name == "epoch":
-                    epoch = v
-                elif name == "loss" and v == self.carried:
-                    continue  # HF's card writes the last logged train loss into every eval row
-                    # (logging_steps 500, an eval every 100): a repeat is no new log
-                else:
-                    vals.append((name, v))
-                    if name == "loss":
-                        self.carried = v
-            self.by_epoch = step is None
-            return (step if step is not None else epoch), vals
-        self.md, self.carried = None, None
-        self.head = cells if len(cells) >= 3 else None
-        return None
-
-    def line(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
-        """Take one line: a row is kept, the closing rule gives the box's record (None until then)."""
-        self.by_epoch = False
-        if line[:1] == "|" and line.count("|") >= 4:
-            rec = self._md(line)
-            if rec is not None or self.md is not None or self.head is not None:
-                return rec if rec is None or rec[1] else None
-        if line[:1] == "-":
-            if not self.vals or line.strip("- \t\r\n"):
-                return None
-            vals, self.vals, self.section = self.vals, {}, ""
-            step = next((vals.pop(k) for k in _BOX_STEPS if k in vals), None)
-            return step, [(SYNONYMS.get(k, k), v) for k, v in vals.items()]
-        m = _BOX_ROW.match(line)
-        if m is None:
-            return None
-        key, val = m.group(1).lower(), m.group(2)
-        if not val:
-            self.section = key if key.endswith("/") else key + "/"  # "| train/ |   |": a section
-            return None
-        try:
-            self.vals[self.section + key] = float(val)
-        except ValueError:
-            pass  # a text cell ("| policy | MlpPolicy |")
-        return None
-

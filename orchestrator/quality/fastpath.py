@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.linekeys import _KNOWN, _METRICISH, NUM_SPLIT, _key_of, context_shape, on_split, split_head
-from orchestrator.quality.readers_text import LineParser
+from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.series import MAX_SERIES, STEP_KEYS, SYNONYMS, Run, Series
 
 # looser than the tokenizer on purpose (speed); float() rejects what it lets through

@@ -1,7 +1,7 @@
 """What names a number in a console line: the text before each number turned into a key.
 
 One line of a training log is text with numbers in it (``epoch 3 | loss 2.31 | lr 3e-4``). These
-are the rules every line reader shares (``readers_text.LineParser``, ``fastpath``, ``linescan``,
+are the rules every line reader shares (``lineparse.LineParser``, ``fastpath``, ``linescan``,
 ``bars``) for which text names which number: a key (``_key_of``), a split's name heading the line
 (``split_head``), a configuration dump that is no series (``config_dump``), a value printed inside
 its container (``unwrap_values``), a metric whose bracket comes before its value, a group of named

@@ -18,7 +18,8 @@ from orchestrator.quality.fastpath import _NUMG
 from orchestrator.quality.bars import bar_pairs, desc_pairs, has_postfix
 from orchestrator.quality.linekeys import (_GLOG, _KNOWN, _METRICISH, NUM_SPLIT, _key_of, context_shape, on_split,
                                            split_head)
-from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP, LineParser
+from orchestrator.quality.lineparse import LineParser
+from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
 from orchestrator.quality.tables import abort_record, may_abort

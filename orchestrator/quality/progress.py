@@ -14,7 +14,8 @@ import os
 from typing import Any, Dict, Optional, Tuple, Union
 
 from orchestrator.quality.bars import bar_pairs, bar_step, has_postfix
-from orchestrator.quality.readers_text import TQDM_STEP, LineParser
+from orchestrator.quality.lineparse import LineParser
+from orchestrator.quality.steps import TQDM_STEP
 from orchestrator.quality.series import Run
 from orchestrator.quality.sources import sniff_kind
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.quality import linescan, readers_text
+from orchestrator.quality import lineparse, linescan, readers_text
 from orchestrator.quality.sources import Tracker
 
 
@@ -116,7 +116,7 @@ def test_bad_token_in_dominant_shape_leaves_run_consistent(tmp_path, monkeypatch
 def test_which_shapes_the_scan_takes(line, fast):
     from orchestrator.quality.linekeys import NUM_SPLIT
     parts = NUM_SPLIT(" ".join(line.split()) if "  " in line else line)
-    assert (linescan.plan_of(tuple(parts[0::2]), readers_text.LineParser()) is not None) == fast
+    assert (linescan.plan_of(tuple(parts[0::2]), lineparse.LineParser()) is not None) == fast
 
 
 def test_pycocotools_summaries_read_alike_line_by_line_and_in_a_large_chunk(tmp_path):

@@ -14,7 +14,7 @@ import math
 import pytest
 
 from orchestrator.quality.judge import judge
-from orchestrator.quality.readers_text import LineParser
+from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.sources import Tracker, sniff_kind
 
 

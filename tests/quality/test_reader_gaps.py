@@ -5,7 +5,7 @@ line by line (a short file) and through the columnar paths (a file past the fast
 
 from __future__ import annotations
 
-from orchestrator.quality.readers_text import LineParser
+from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.sources import Tracker
 
 

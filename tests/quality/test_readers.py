@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from orchestrator.quality import tfevents as T
-from orchestrator.quality.readers_text import LineParser
+from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.series import Run
 from orchestrator.quality.sources import Tracker, discover, sniff
 from orchestrator.quality.wandb_reader import BLOCK, WandbFileSource, WandbWriter

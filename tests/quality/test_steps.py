@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator.agent.quality_hook import checkpoint_step as gate_step
-from orchestrator.quality.readers_text import LineParser
+from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.steps import checkpoint_step, context_line, epoch_step, newest_step, record_step
 from orchestrator.sync.keep import KeepPolicy, unit_step
 

@@ -22,7 +22,7 @@ from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
-from orchestrator.quality.tables import abort_record, may_abort
+from orchestrator.quality.tables import read_apart
 
 # every separator str.splitlines() breaks on, so each row is exactly one splitlines() line
 _BRK = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -56,15 +56,8 @@ def plan_of(segs: Tuple[str, ...], parser: LineParser):
     more than the tokens (``[e][i/n]`` stands in for the step, a tqdm bar)."""
     if any("%|" in s for s in segs):
         return None
-    if len(segs) == 17 and segs[1].strip() == "/" and segs[3].strip() in ("G", "M"):
-        return None  # a YOLO results.txt row: parse() knows its columns by their place
-    if "(AP) @[" in segs[0]:
-        return None  # pycocotools' summary: parse() keeps only its all-area lines (``tables``)
-    if segs[0].lstrip()[:1] == "|" and segs[-1].rstrip()[-1:] == "|":
-        return None  # a markdown table's row: its columns are named by a header (``tables_box.Box``)
-    sample = "1".join(segs)  # a line of this shape, every number a 1
-    if may_abort(sample) and abort_record(sample) is not None:
-        return None  # an abort or overflow note: parse() reads it by its words, not its tokens
+    if read_apart("1".join(segs)):  # a line of this shape, every number a 1
+        return None  # parse() reads it by its words or its columns' places, not its key tokens
     batch_cols = _epoch_batch_cols(segs)
     if batch_cols is None and context_shape(segs):
         return None

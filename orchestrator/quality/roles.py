@@ -131,6 +131,18 @@ def is_quality_metric(key: str) -> bool:
     return bool(_QUALITY.search(low)) or (is_accuracy(key) and is_eval_side(key))
 
 
+def accuracy_names(names, eval_side: bool) -> list:
+    """The accuracy series names of one side (held-out when ``eval_side``, else train)."""
+    return [n for n in names if is_accuracy(n) and is_eval_side(n) == eval_side]
+
+
+def as_fraction(v: Optional[float]) -> float:
+    """An accuracy as a fraction (a percent above 1 is divided by 100); NaN when not logged."""
+    if v is None or v != v:
+        return float("nan")
+    return v / 100.0 if v > 1.0 else v
+
+
 def names_with(names, words) -> list:
     """The series names that hold one of ``words`` (lowercased)."""
     return [n for n in names if any(w in n.lower() for w in words)]

@@ -10,7 +10,7 @@ import math
 from typing import List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import RL_WORDS, is_accuracy, is_eval_side, names_with
+from orchestrator.quality.roles import RL_WORDS, accuracy_names, as_fraction, names_with
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.series import Run, Series, isfinite, median
 from orchestrator.quality.tables import OVERFLOW_SERIES
@@ -216,27 +216,18 @@ def masked_loss(run: Run, opts: dict) -> List[Finding]:
     if not all(isfinite(v) and 0.0 <= v < MASKED_LOSS for v in tail):
         return []
     steps = s.steps[-MASKED_LOGS:]
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or is_eval_side(name):
-            continue
+    for name in accuracy_names(run.series, False):  # names first: on a cut run a series read is a copy
         a = run.series[name]
-        accs = [_frac(a.at(st)) for st in steps]
+        accs = [as_fraction(a.at(st)) for st in steps]
         if all(MASKED_ACC[0] <= v <= MASKED_ACC[1] for v in accs):
             k = len(s) - MASKED_LOGS  # the onset: back to where the pair first disagreed
             while k > 0 and 0.0 <= s.values[k - 1] < MASKED_LOSS and \
-                    MASKED_ACC[0] <= _frac(a.at(s.steps[k - 1])) <= MASKED_ACC[1]:
+                    MASKED_ACC[0] <= as_fraction(a.at(s.steps[k - 1])) <= MASKED_ACC[1]:
                 k -= 1
             return [finding("loss_collapse", "stop", s.steps[k],
                             {"series": s.name, "last_values": [_r(v) for v in tail], "accuracy": name,
                              "accuracy_beside": [_r(v) for v in accs]}, H.MASKED, s.name)]
     return []
-
-
-def _frac(v: Optional[float]) -> float:
-    """An accuracy as a fraction (a percent above 1 is divided by 100); NaN when not logged."""
-    if v is None or not isfinite(v):
-        return math.nan
-    return v / 100.0 if v > 1.0 else v
 
 
 # fp16 tops out at 65504: for a loss that is a mean (DeepSpeed, apex), a dynamic loss scale of 4

@@ -15,7 +15,7 @@ from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import is_accuracy, is_eval_side, is_quality_metric
+from orchestrator.quality.roles import accuracy_names, as_fraction, is_quality_metric
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -94,8 +94,8 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
     train = run.get("loss")
     if train is None or ev is train:
         return []
-    moved = {v for v, st in zip(train.values[-500:], train.steps[-500:]) if st >= since and isfinite(v)}
-    if len(moved) < 2:
+    moved = _values_since(train, since)
+    if moved < 2:
         return []  # the train loss is frozen too: the frozen rule's, on the train loss
     lr = run.get("lr")
     if lr is not None and len(lr) >= 2:
@@ -103,13 +103,19 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
         if peak > 0 and lr.values[-1] < 1e-3 * peak:
             return []
     return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": EVAL_FROZEN_EVALS,
-                                                   "train_values_meanwhile": len(moved)}, H.EVAL_FROZEN, ev.name)]
+                                                   "train_values_meanwhile": moved}, H.EVAL_FROZEN, ev.name)]
+
+
+def _values_since(s: Series, since: float) -> int:
+    """How many distinct finite values ``s`` took from step ``since`` on (its last 500 points):
+    a train loss that moves while the eval does not."""
+    return len({v for v, st in zip(s.values[-500:], s.steps[-500:]) if st >= since and isfinite(v)})
 
 
 def _one_class(acc: float, k: int) -> bool:
     """An accuracy (a fraction, or a percent above 1) at 1/k as printed to 3-4 decimals: what one
     class of a balanced k-class set scores."""
-    return abs((acc / 100.0 if acc > 1.0 else acc) - 1.0 / k) <= 5e-4
+    return abs(as_fraction(acc) - 1.0 / k) <= 5e-4
 
 
 def _eval_acc_frozen(run: Run, since: float) -> Optional[float]:
@@ -117,9 +123,7 @@ def _eval_acc_frozen(run: Run, since: float) -> Optional[float]:
     ``since`` on, are one value (None when there is none). ``since`` is one eval before the eval
     loss's window: an eval's accuracy line may come after its loss line, and a check between the
     two must not retract the STOP."""
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or not is_eval_side(name):
-            continue
+    for name in accuracy_names(run.series, True):  # names first: on a cut run a series read is a copy
         a = run.series[name]
         i = bisect_left(a.steps, since)
         vals = a.values[i:][-CHANCE_STEPS:]
@@ -179,9 +183,7 @@ def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
     sample one class of a balanced K-class set (0.1667 on 10 evals of a 6-class task). A value
     repeated that often is no accident of a small eval set, and 1/K is what one class scores."""
     train = run.get("loss")
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or not is_eval_side(name):
-            continue
+    for name in accuracy_names(run.series, True):  # names first: on a cut run a series read is a copy
         a = run.series[name]
         if len(a) < EVAL_FROZEN_EVALS or not isfinite(a.values[-1]):
             continue
@@ -192,8 +194,7 @@ def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
         if not K or train is None:
             continue
         since = a.steps[-EVAL_FROZEN_EVALS]
-        moved = {x for x, st in zip(train.values[-500:], train.steps[-500:]) if st >= since and isfinite(x)}
-        if len(moved) >= 2:
+        if _values_since(train, since) >= 2:
             return [finding("chance_stuck", "stop", since, {"series": name, "value": _r(v), "K": K,
                                                             "evals": EVAL_FROZEN_EVALS}, H.ACC_CHANCE, name)]
     return []

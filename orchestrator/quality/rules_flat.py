@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import List, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import is_accuracy, is_eval_side
+from orchestrator.quality.roles import accuracy_names, as_fraction, is_accuracy, is_eval_side
 from orchestrator.quality.rules import Finding, _num, _r, finding, objective_moving, point_noise
 from orchestrator.quality.rules_eval import CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval
 from orchestrator.quality.series import Run, Series, isfinite, median
@@ -248,14 +248,11 @@ CLIPPED_REL = 1e-4
 def _clipped_target(s: Series, run: Run) -> float:
     """16.118 x (1 - acc) when the loss ``s`` sits there beside a same-side accuracy logged at its
     last step, else 0.0."""
-    eval_side = is_eval_side(s.name)
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or is_eval_side(name) != eval_side:
-            continue
+    for name in accuracy_names(run.series, is_eval_side(s.name)):  # names first: a cut run's reads copy
         a = run.series[name]
         if not len(a) or a.steps[-1] != s.steps[-1] or not isfinite(a.values[-1]):
             continue
-        acc = a.values[-1] / 100.0 if a.values[-1] > 1.0 else a.values[-1]
+        acc = as_fraction(a.values[-1])
         t = SATURATED[2] * (1.0 - acc)
         if 0.0 <= acc < 1.0 and abs(s.values[-1] - t) <= CLIPPED_REL * t:
             return t
@@ -329,14 +326,10 @@ def _acc_at_chance(s: Series, run: Run) -> int:
     K = H.chance_level(s.values[-1], CHANCE_ACC_BAND)
     if not K or len(s) < CHANCE_STEPS:
         return 0
-    eval_side = is_eval_side(s.name)
     steps = s.steps[-CHANCE_STEPS:]
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        if not is_accuracy(name) or is_eval_side(name) != eval_side:
-            continue
+    for name in accuracy_names(run.series, is_eval_side(s.name)):  # names first: a cut run's reads copy
         a = run.series[name]
-        accs = [a.at(st) for st in steps]
-        if all(v is not None and isfinite(v) and abs((v / 100.0 if v > 1.0 else v) * K - 1.0) <= 0.3 for v in accs):
+        if all(abs(as_fraction(a.at(st)) * K - 1.0) <= 0.3 for st in steps):  # (NaN compares False)
             return K
     return 0
 

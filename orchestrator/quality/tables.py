@@ -314,3 +314,16 @@ def yolo_results_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]
     except ValueError:
         return None
     return float(m.group(1)), vals, float(m.group(2))
+
+
+def read_apart(line: str) -> bool:
+    """True for a line ``LineParser.parse`` reads by its words or its columns' places rather than
+    by ``key value`` tokens: a trainer's abort or overflow note, a pycocotools summary line, a YOLO
+    results.txt row, a markdown table's row. ``linescan`` leaves every line of such a shape to it."""
+    if line.lstrip()[:1] == "|" and line.rstrip()[-1:] == "|":
+        return True  # a markdown table's row: its header names its columns (``tables_box``)
+    if "(AP) @[" in line:
+        return True  # parse() keeps only pycocotools' all-area lines
+    if "/" in line and line.lstrip()[:1].isdigit() and yolo_results_row(line) is not None:
+        return True
+    return may_abort(line) and abort_record(line) is not None

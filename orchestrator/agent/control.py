@@ -233,21 +233,32 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
     else:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=env)
-    log.close()
+    relaunches, yielded = 3, False
     from orchestrator.agent.diskfull import HINT, full_free  # here: verbs that start nothing skip sqlite3
     start = time.time()
     while True:
         info = running_daemon(state_dir)
         if info and info["build"] == build:
+            log.close()
             return {"action": "replaced" if replaced else "started", "pid": info["pid"], "build": build,
                     "previous": replaced}
         waited = time.time() - start
+        if proc is not None and proc.poll() == 0:
+            # exit 0 at start is a daemon that found the lock taken (``daemon.run``): an old
+            # daemon still on its way out, or a racing one whose build is not written yet. Not a
+            # crash: wait for the lock's holder, and start again if it lets the lock go
+            proc, yielded = None, True
+        if yielded and info is None and relaunches:
+            relaunches, yielded = relaunches - 1, False
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True, env=env)
         died = proc is not None and proc.poll() is not None
         # a dead process fails now; a live one past the timeout is waited for up to SLOW_START_S
         if died or waited > timeout and (proc is None or waited > max(timeout, SLOW_START_S)
                                          or full_free(state_dir) is not None):  # 0 bytes free is full
             break
         time.sleep(0.02)
+    log.close()
     # operational, not a bug: a slow disk, a full one, or a crash at start (the log says which)
     free = full_free(state_dir)
     if free is not None:  # the log is on that disk too: say it here

@@ -75,3 +75,45 @@ def test_a_live_daemon_that_never_starts_fails_after_the_slow_bound(tmp_path, mo
         control.ensure(str(state), _pyz(tmp_path, SLOW_DAEMON), "b3", timeout=0.3)
     assert "did not start within 1s" in str(err.value)
     assert time.monotonic() - t0 < 10
+
+
+# a daemon as ``daemon.run`` is: it exits 0 when another holds the lock
+YIELDING_DAEMON = """
+import fcntl, os, sys, time
+d, build = sys.argv[3], sys.argv[5]
+time.sleep(0.6)
+fd = os.open(os.path.join(d, "agent.lock"), os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    sys.exit(0)
+open(os.path.join(d, "agent.pid"), "w").write(str(os.getpid()))
+open(os.path.join(d, "agent.build"), "w").write(build)
+time.sleep(30)
+"""
+HOLDER = """
+import fcntl, os, sys, time
+time.sleep(0.2)
+fd = os.open(os.path.join(sys.argv[1], "agent.lock"), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+time.sleep(1.5)
+"""
+
+
+def test_a_daemon_that_yields_to_a_racing_lock_holder_is_started_again_when_the_lock_frees(tmp_path):
+    # another daemon takes the lock between ensure's check and ours' start, then exits without
+    # writing its build: ours exits 0 (the lock was taken), which is no crash; once the lock is
+    # free ours is started again, and the start succeeds
+    import subprocess
+    import sys
+    state = tmp_path / "state"
+    state.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(state)])
+    try:
+        res = control.ensure(str(state), _pyz(tmp_path, YIELDING_DAEMON), "b4", timeout=15)
+        assert res["action"] == "started" and res["build"] == "b4"
+    finally:
+        holder.kill()
+        info = control.running_daemon(str(state))
+        if info and info["pid"]:
+            os.kill(info["pid"], signal.SIGKILL)

@@ -39,7 +39,7 @@ RULES: Dict[str, Callable] = {
     "eval_frozen": E.eval_frozen, "eval_acc_chance": E.eval_acc_chance,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
-    "worsening": S.worsening,
+    "worsening": S.worsening, "short_shift": S.short_shift,
 }
 # finding code -> rule that produced it, for codes whose STOP needs confirmation
 TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning": "no_learning",

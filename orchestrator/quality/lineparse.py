@@ -17,7 +17,7 @@ from orchestrator.quality.linekeys import (_CLOSERS, _GLOG, _GROUP, _HEADER_ENDS
                                            on_split, split_head)
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
-                                        KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, MX_BATCH,
+                                        KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, LEAD_STEP, MX_BATCH,
                                         BatchCounter, Wrap, epoch_step)
 from orchestrator.quality.tables import (Table, abort_record, bare_nonfinite_row, checkpoint_record, coco_record,
                                          darknet_record, may_abort, table_head, yolo_results_row)
@@ -227,6 +227,10 @@ class LineParser:
                 m = ITER_OF.search(line)
                 if m:
                     step, planned = float(m.group(1)), planned or float(m.group(2))
+            elif line.lstrip().startswith("["):
+                m = LEAD_STEP.match(line)
+                if m:
+                    step = float(m.group(1))
             if "batches" in line:
                 m = EPOCH_BATCHES.search(line)
                 if m:

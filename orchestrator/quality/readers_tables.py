@@ -98,6 +98,27 @@ _TS_SKIP = {"step", "epoch", "total_flos", "train_runtime", "remaining_time", "n
             "train_loss", "train_samples_per_second", "train_steps_per_second"}
 
 
+def _salvage(text: str) -> Optional[dict]:
+    """The whole entries of a ``log_history`` cut short (a paste that ends mid-record, its opening
+    brace dropped; a copy taken while it was written), as a document; None when none is whole."""
+    at = text.find('"log_history"')
+    pos = text.find("[", at) + 1 if at >= 0 else 0
+    if pos <= 0:
+        return None
+    dec, entries = json.JSONDecoder(), []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if not text.startswith("{", pos):
+            break
+        try:
+            ent, pos = dec.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            break  # the record the text was cut in
+        entries.append(ent)
+    return {"log_history": entries} if entries else None
+
+
 class TrainerStateSource:
     """HF ``trainer_state.json``: rewritten whole at each save, so re-read on change."""
 
@@ -116,10 +137,15 @@ class TrainerStateSource:
             self.sig = None
             return "reset"
         with open(self.path, "r", encoding="utf-8") as f:
-            try:
-                doc = json.load(f)  # stdlib json accepts the NaN/Infinity tokens HF writes
-            except RecursionError:  # nested past Python's limit: no trainer_state is
-                raise ValueError("%s: JSON nested too deeply (not a trainer_state.json)" % self.path) from None
+            text = f.read()
+        try:
+            doc = json.loads(text)  # stdlib json accepts the NaN/Infinity tokens HF writes
+        except RecursionError:  # nested past Python's limit: no trainer_state is
+            raise ValueError("%s: JSON nested too deeply (not a trainer_state.json)" % self.path) from None
+        except ValueError:
+            doc = _salvage(text)
+            if doc is None:
+                raise
         if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
             raise ValueError("%s: no 'log_history' list (not a trainer_state.json)" % self.path)
         self.sig = sig

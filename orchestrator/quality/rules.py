@@ -13,7 +13,7 @@ from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import PROGRESS_WORDS, RL_WORDS, is_gan, names_with, role_of
+from orchestrator.quality.roles import PROGRESS_WORDS, RL_WORDS, is_gan, is_quality_metric, names_with, role_of
 from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median
 from orchestrator.quality.tables import ABORT_SERIES
 
@@ -91,6 +91,13 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             while streak >= 2 and k > 0 and len(s) - k < 100000 and not isfinite(vals[k - 1]):
                 k -= 1  # the onset is where the trailing run of NaN/Inf began
             step = s.steps[k]
+            better = _metric_improved(run, step) if name != "loss" else None
+            if better:
+                # an eval loss NaN at every eval while F1 rises 0.77 -> 0.89: the loss's own
+                # computation overflows (fp16 eval, an empty batch), the model it scores is fine
+                out.append(finding("nonfinite_loss", "warn", step, {"series": name, "metric_improving": better},
+                                   H.nonfinite_one(name), name))
+                continue
             out.append(finding("nonfinite_loss", "stop", step,
                                dict({"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
                                      "last_finite": _last_finite(s)}, **({"bad_before_restart": carry} if carry else {})),
@@ -99,6 +106,21 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
                                H.nonfinite_one(name), name))
     return _witnessed(run, out)
+
+
+def _metric_improved(run: Run, since: float) -> Optional[str]:
+    """The name of a held-out quality metric (accuracy, F1, mAP, BLEU...) logged finite at least
+    twice from ``since`` on whose newest value is 1% or more above its value at ``since``: the
+    model a NaN eval loss scores still gets better."""
+    for name in run.series:
+        if not is_quality_metric(name):
+            continue
+        m = run.series[name]
+        i = bisect_left(m.steps, since)
+        vals = [v for v in m.values[i:] if isfinite(v)]
+        if len(vals) >= 2 and vals[-1] > vals[0] * 1.01 and vals[0] > 0:
+            return name
+    return None
 
 
 def _aborted(run: Run) -> List[Finding]:

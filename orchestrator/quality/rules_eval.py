@@ -70,15 +70,19 @@ def metric_zero(run: Run, opts: dict) -> List[Finding]:
 # loss moves: the model being evaluated never changes (weights not updated, a stale checkpoint
 # evaluated, the eval set or model cached). 4 digits at least: a "0.18" can repeat on its own.
 EVAL_FROZEN_EVALS, EVAL_FROZEN_DIGITS = 8, 4
+# printed to 5 digits or more (3.2973, 5.9506), one unit is a 1e-5 share of the loss: an eval loss
+# that holds it on 5 evals in a row while the model trains is not converging slowly, it is frozen
+EVAL_FROZEN_FINE_EVALS, EVAL_FROZEN_FINE_DIGITS = 5, 5
 
 
 def eval_frozen(run: Run, opts: dict) -> List[Finding]:
     """STOP when the eval (or val) loss read the same ``EVAL_FROZEN_DIGITS``-digit value (to one
-    unit of its last digit) on its last ``EVAL_FROZEN_EVALS`` evals while the train loss took other
+    unit of its last digit) on its last ``EVAL_FROZEN_EVALS`` evals (5 digits: on its last
+    ``EVAL_FROZEN_FINE_EVALS``) while the train loss took other
     values meanwhile, and the LR is not down to a thousandth of its peak (a schedule's annealed
     tail stops the weights)."""
     ev = run.get("eval_loss") or run.get("val_loss")
-    if ev is None or len(ev) < EVAL_FROZEN_EVALS:
+    if ev is None or len(ev) < EVAL_FROZEN_FINE_EVALS:
         return []
     last = ev.values[-1]
     if not (isfinite(last) and last > 0):
@@ -86,11 +90,14 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
     digits = len(("%.6g" % last).replace(".", "").lstrip("0"))
     if digits < EVAL_FROZEN_DIGITS:
         return []
+    need = EVAL_FROZEN_FINE_EVALS if digits >= EVAL_FROZEN_FINE_DIGITS else EVAL_FROZEN_EVALS
+    if len(ev) < need:
+        return []
     # within one unit of the last printed digit: 3.5641 seven times, then 3.5640, is one value
     unit = 10.0 ** (math.floor(math.log10(last)) - digits + 1) * (1 + 1e-9)
-    if any(not abs(v - last) <= unit for v in ev.values[-EVAL_FROZEN_EVALS:]):
+    if any(not abs(v - last) <= unit for v in ev.values[-need:]):
         return []
-    since = ev.steps[-EVAL_FROZEN_EVALS]
+    since = ev.steps[-need]
     train = run.get("loss")
     if train is None or ev is train:
         return []
@@ -102,7 +109,7 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
         peak = max((v for v in lr.values if isfinite(v)), default=0.0)
         if peak > 0 and lr.values[-1] < 1e-3 * peak:
             return []
-    return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": EVAL_FROZEN_EVALS,
+    return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": need,
                                                    "train_values_meanwhile": moved}, H.EVAL_FROZEN, ev.name)]
 
 

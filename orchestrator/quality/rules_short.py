@@ -14,10 +14,10 @@ from bisect import bisect_right
 from typing import List, Optional
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import is_accuracy
+from orchestrator.quality.roles import RL_WORDS, is_accuracy, is_gan, names_with
 from orchestrator.quality.rules import Finding, _r, finding
 from orchestrator.quality.rules_level import MIN_LOGS
-from orchestrator.quality.series import Run, isfinite, median
+from orchestrator.quality.series import Run, Series, isfinite, median
 
 # two logs at 100x the level before them: no schedule, batch or warmup bump moves a loss that far
 # (a tiny loss below the floor may: 0.0004 -> 0.05 is a hard batch, not a blow-up)
@@ -29,6 +29,9 @@ CLIMB_LOGS, CLIMB_FIRST, CLIMB_LAST, CLIMB_MIN = 3, 2.0, 3.0, 6
 # beside it (an accuracy, a validation loss) worse at the end of the climb than at its start
 WORSE_RISES, WORSE_RATIO = 4, 1.10
 WORSE_BY = 0.01  # a witness is worse by 1% at least: a val loss 0.3472 -> 0.3483 is its noise
+# a short shift: the last SHIFT_LOGS logs or more all at SHIFT_RATIO x the best log before them
+SHIFT_RATIO, SHIFT_LOGS = 2.0, 4
+SHIFT_GAP = 1.25  # ... and 25% above every log before them: a shift clear of the noise before it
 
 
 def explosion(run: Run, opts: dict) -> List[Finding]:
@@ -36,10 +39,13 @@ def explosion(run: Run, opts: dict) -> List[Finding]:
     3 earlier logs, at least ``EXPLODE_FLOOR``): a loss that blew up by two orders of magnitude in
     one log and stayed there (a detection head's class loss 3.9 -> 8705 -> 15800 under fp16
     overflow). Judged from 4 logs, before any trend rule can (a short paste has 4-10); 2 logs, so
-    never one noisy point; positive losses only (an RL or GAN objective may swing through 0)."""
+    never one noisy point; positive losses only (an RL or GAN objective may swing through 0).
+    From 2 logs when the gradient norm went non-finite on the jump's own log."""
     s = run.get("loss") or run.main_loss()
-    if s is None or len(s) < 4:
+    if s is None or len(s) < 2:
         return []
+    if len(s) < 4:
+        return _explosion_witnessed(run, s)
     vals = s.values
     a, b = vals[-2], vals[-1]
     if not (isfinite(a) and isfinite(b)) or min(a, b) <= 0:
@@ -53,6 +59,23 @@ def explosion(run: Run, opts: dict) -> List[Finding]:
     return [finding("loss_explosion", "stop", s.steps[-2],
                     {"series": s.name, "before": _r(ref), "latest": _r(b), "ratio": _r(min(a, b) / ref)},
                     H.EXPLOSION, s.name)]
+
+
+def _explosion_witnessed(run: Run, s: Series) -> List[Finding]:
+    """A log too short for two points after the jump: the last log at ``EXPLODE``x the logs before
+    it with the gradient norm non-finite on that same log. Two witnesses on one line, not one
+    noisy point (ms-swift: loss 1.80 -> 663.6 with grad_norm nan at step 5 of 2169)."""
+    b = s.values[-1]
+    before = [v for v in s.values[-4:-1] if isfinite(v)]
+    grad = run.get("grad_norm")
+    if not before or min(before) <= 0 or not isfinite(b) or grad is None or not len(grad):
+        return []
+    ref = median(before)
+    if ref < EXPLODE_FLOOR or b < EXPLODE * ref or grad.steps[-1] != s.steps[-1] or isfinite(grad.values[-1]):
+        return []
+    return [finding("loss_explosion", "stop", s.steps[-1],
+                    {"series": s.name, "before": _r(ref), "latest": _r(b), "ratio": _r(b / ref),
+                     "grad_nonfinite": grad.name}, H.EXPLOSION, s.name)]
 
 
 def short_climb(run: Run, opts: dict) -> List[Finding]:
@@ -130,3 +153,36 @@ def worsening(run: Run, opts: dict) -> List[Finding]:
     return [finding("divergence_best", "stop", s.steps[len(s) - 2],
                     {"series": s.name, "ratio_to_best": _r(climb[-1] / best), "best_level": _r(best),
                      "rising_logs": WORSE_RISES, "also_worse": witnesses}, H.LEVEL_SHIFT, s.name)]
+
+
+def short_shift(run: Run, opts: dict) -> List[Finding]:
+    """A short log (``CLIMB_MIN`` to ``MIN_LOGS`` points) whose last ``SHIFT_LOGS`` logs or more
+    all sit at ``SHIFT_RATIO``x the best log before them and ``SHIFT_GAP``x every log before them:
+    the loss doubled and stayed there, log after log, clear of all the noise it showed before
+    (a per-step loss swinging 0.7-1.5 makes a "x2" of its lowest point on any 4 logs) (a LoRA fine-tune 1.41 -> 3.3, 6.4, 5.5, 4.9, 4.6; a sentiment
+    fine-tune whose loss went 1.01 -> 2.4-2.9 for eight epochs). The trend rule
+    (``rules_level.level_shift``) judges the same thing from 24 logs; a short paste has fewer.
+    Not for a tiny loss (under ``EXPLODE_FLOOR`` a hard batch doubles it), a rising learning
+    rate (a warmup or a restart raises the loss on purpose), or a GAN's or an RL run's
+    objective (they rise while the run learns)."""
+    s = run.get("loss") or run.main_loss()
+    if s is None or not CLIMB_MIN <= len(s) < MIN_LOGS or is_gan(run.series) or names_with(run.series, RL_WORDS):
+        return []
+    vals, n = s.values, len(s)
+    k = n - 1
+    while k >= SHIFT_LOGS:
+        tail, before = vals[n - k:], [v for v in vals[:n - k] if isfinite(v)]
+        if before and all(isfinite(v) for v in tail) and min(before) >= EXPLODE_FLOOR \
+                and min(tail) >= SHIFT_RATIO * min(before) and min(tail) >= SHIFT_GAP * max(before):
+            break
+        k -= 1
+    else:
+        return []
+    t0 = s.steps[n - k]
+    lr = run.get("lr")
+    if lr is not None and _rose(run, lr.name, s.steps[n - k - 1], s.steps[-1]):
+        return []
+    best = min(v for v in vals[:n - k] if isfinite(v))
+    return [finding("level_shift", "stop", t0,
+                    {"series": s.name, "ratio_to_best": _r(min(vals[n - k:]) / best), "best_level": _r(best),
+                     "logs_above": k}, H.LEVEL_SHIFT, s.name)]

@@ -131,6 +131,8 @@ def sniff_kind(path: str, head: Optional[bytes] = None) -> str:
             return "trainer_state"  # a pretty-printed document
         if not complete:
             return named if named in ("jsonl", "trainer_state") else "jsonl"  # a first line still being written
+    if first.startswith('"') and '"log_history"' in text:
+        return "trainer_state"  # a pasted fragment of one (its opening brace cut off)
     if "," in first and _csv_like(lines if "\n" in text else [first]):
         return "csv"
     if named == "csv" and len(lines) < 2:

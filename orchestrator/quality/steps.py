@@ -143,6 +143,8 @@ _BAR_EPOCH_IN = tuple(re.compile(w + r"\s*(?:\s|\[\s*)\d+(?:\s*/\s*\d+)?\s*\]?(?
 def has_epoch_bar(text: str) -> bool:
     """True when ``text`` holds a bar named by its epoch (literal-led searches: C speed)."""
     return "%|" in text and any(rx.search(text) for rx in _BAR_EPOCH_IN)
+# Dreamer's "[5000] model_loss 5864.5 / image_loss ...": a line led by a bracketed count alone
+LEAD_STEP = re.compile(r"\s*\[(\d+)\]\s")
 ITER_OF = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)/(\d+)\]")  # mmengine, iteration-based: Iter(train) [ 50/90000]
 # PyTorch examples/word_language_model: "| epoch   3 |   200/ 2983 batches | lr 20.00 | ... | loss  5.80"
 EPOCH_BATCHES = re.compile(r"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\b")

@@ -173,3 +173,32 @@ def test_json_nested_past_the_recursion_limit_is_unreadable_not_a_traceback(tmp_
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     out = json.loads(res.output)
     assert out["verdict"] == "WAIT" and "nested too deeply" in json.dumps(out)
+
+
+@pytest.mark.parametrize("cut", ["brace", "tail"])
+def test_a_trainer_state_cut_short_reads_its_whole_records(tmp_path, cut):
+    """A pasted fragment of trainer_state.json (opening brace dropped, as an issue shows it) or a
+    copy cut mid-record: the whole log_history entries are read, with their steps; the cut one
+    is left out, and the verdict comes through the CLI."""
+    doc = {"best_metric": None, "global_step": 40, "log_history": [dict(v, step=s) for s, v in ROWS]}
+    text = json.dumps(doc, indent=2)
+    text = text[text.index('"best_metric"'):] if cut == "brace" else text
+    text = text[:text.rindex('"loss"')]  # cut inside the last record
+    p = tmp_path / "pasted.log"
+    p.write_text(text)
+    assert sniff_kind(str(p)) == "trainer_state"
+    tr = Tracker([str(p)])
+    loss = tr.update().get("loss")
+    assert tr.kind == "trainer_state" and not tr.problems
+    assert list(loss.steps) == [float(s) for s, _ in ROWS[:-1]]  # every record but the cut one
+    out = subprocess.run(["gpurun", "check", str(p), "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout)["points"] == len(ROWS) - 1, out.stderr
+
+
+def test_a_json_with_no_whole_record_is_still_an_error(tmp_path):
+    p = tmp_path / "trainer_state.json"
+    p.write_text('{"log_history": [{"loss": 1.0, "st')
+    tr = Tracker([str(p)])
+    run = tr.update()
+    assert run.get("loss") is None and tr.problems and "pasted" not in tr.problems[0]
+    assert "trainer_state.json" in tr.problems[0]

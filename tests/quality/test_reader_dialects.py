@@ -371,3 +371,13 @@ def test_ms_swift_logging_jsonl_steps_by_its_global_step_of_max_steps(tmp_path):
     p.write_text("\n".join(rows) + "\n")
     run = Tracker([str(p)]).update()
     assert run.series["loss"].steps[0] == 8270.0 and run.planned_steps == 11043.0
+
+
+def test_a_bracketed_count_leading_the_line_is_its_step():
+    """Dreamer: "[5000] model_grad_norm nan / image_loss 11650.7 / model_loss 5864.5": the count
+    is the step (not the line's order); "[1,  2000] loss" (epoch, batch) is not this shape."""
+    p = LineParser()
+    step, vals, _ = p.parse("[6000] expl_amount 0.3 / model_grad_norm 44687.0 / image_loss 304112.1 / model_loss 152175.0")
+    assert step == 6000 and ("model_loss", 152175.0) in vals
+    step, _, _ = p.parse("[1,  2000] loss: 2.196")
+    assert step != 1.0

@@ -1,0 +1,136 @@
+"""Short logs (an issue paste, a model card's table, a run that logs once an epoch) and the rules
+that judge them before the trend rules can: a level shift that stays, an eval loss frozen to five
+digits, and a NaN eval loss whose metrics still improve (a WAIT, not a STOP). Each with the
+look-alikes that must not fire. Runs are built in memory with the real ``Run``; one case goes
+through the real CLI on a model card."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.quality import rules_short as S
+from orchestrator.quality.judge import judge
+from orchestrator.quality.series import Run
+
+
+def run_of(rows, every=25):
+    r = Run("mem")
+    for i, row in enumerate(rows):
+        r.add_record((i + 1) * every, list(row.items()))
+    return r
+
+
+def stops(v):
+    return {f["code"] for f in v["findings"] if f["severity"] == "stop"}
+
+
+# --- a short level shift ------------------------------------------------------------------------
+
+LORA = [1.593, 1.406, 3.316, 6.437, 5.478, 4.857, 4.874, 4.604]  # doubled at iter 75 and stayed
+
+
+def test_a_loss_that_doubles_and_stays_for_four_logs_is_a_stop():
+    v = judge(run_of([{"loss": x, "lr": 7e-5} for x in LORA]))
+    assert v["verdict"] == "STOP" and "level_shift" in stops(v)
+    f = next(f for f in v["findings"] if f["code"] == "level_shift")
+    assert f["step"] == 75 and f["evidence"]["logs_above"] == 6
+
+
+def test_three_logs_up_is_not_yet_a_shift():
+    assert S.short_shift(run_of([{"loss": x} for x in LORA[:5]]), {}) == []
+
+
+@pytest.mark.parametrize("name, rows", [
+    # a per-step loss swinging 0.7-1.5: 4 logs at x2 of its lowest are within its own noise
+    ("noisy", [0.712, 1.022, 1.330, 1.530, 1.014, 0.936, 1.616, 1.535, 3.276, 2.440]),
+    # a tiny loss: one hard batch doubles it
+    ("tiny", [0.02, 0.012, 0.03, 0.05, 0.04, 0.045, 0.05]),
+    # it came back: the last log is under x2 of the best
+    ("recovered", LORA[:7] + [1.9]),
+])
+def test_noise_a_tiny_loss_and_a_recovery_are_not_a_shift(name, rows):
+    assert S.short_shift(run_of([{"loss": x} for x in rows]), {}) == [], name
+
+
+def test_a_rising_learning_rate_explains_the_jump():
+    lrs = [1e-5, 1e-5, 5e-5, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4]  # a warmup or a warm restart
+    assert S.short_shift(run_of([{"loss": x, "lr": lr} for x, lr in zip(LORA, lrs)]), {}) == []
+
+
+def test_a_gan_or_an_rl_objective_may_rise():
+    assert S.short_shift(run_of([{"loss": x, "d_loss": 0.5, "g_loss": x} for x in LORA]), {}) == []
+    assert S.short_shift(run_of([{"loss": x, "reward": i} for i, x in enumerate(LORA)]), {}) == []
+
+
+# --- an eval loss frozen to five digits -------------------------------------------------------
+
+def test_an_eval_loss_identical_to_five_digits_on_five_evals_is_frozen():
+    rows = [{"loss": t, "eval_loss": 5.9506} for t in (5.737, 5.9622, 5.9577, 5.9543, 5.9541)]
+    v = judge(run_of(rows))
+    assert "eval_frozen" in stops(v)
+    assert next(f for f in v["findings"] if f["code"] == "eval_frozen")["evidence"]["equal_evals"] == 5
+
+
+@pytest.mark.parametrize("ev", [0.2314, 0.18])  # 4 digits (or 2) need 8 evals, as before
+def test_fewer_digits_need_eight_evals(ev):
+    rows = [{"loss": t, "eval_loss": ev} for t in (0.9, 0.8, 0.7, 0.65, 0.6)]
+    assert "eval_frozen" not in stops(judge(run_of(rows)))
+
+
+def test_an_eval_loss_that_moves_in_its_last_digit_by_more_than_one_unit_is_not_frozen():
+    rows = [{"loss": t, "eval_loss": e} for t, e in zip((0.9, 0.8, 0.7, 0.65, 0.6),
+                                                        (3.2973, 3.2975, 3.2973, 3.2973, 3.2973))]
+    assert "eval_frozen" not in stops(judge(run_of(rows)))
+
+
+# --- a NaN eval loss beside improving metrics --------------------------------------------------
+
+NAN = float("nan")
+
+
+def test_a_nan_eval_loss_while_f1_rises_is_a_wait_not_a_stop():
+    rows = [{"loss": t, "eval_loss": NAN, "eval_f1": f} for t, f in
+            ((0.0785, 0.7711), (0.076, 0.8536), (0.0434, 0.8605), (0.022, 0.8431), (0.0284, 0.8678))]
+    v = judge(run_of(rows, every=3914))
+    assert v["verdict"] == "WAIT" and "nonfinite_loss" not in stops(v)
+    f = next(f for f in v["findings"] if f["code"] == "nonfinite_loss")
+    assert f["evidence"]["metric_improving"] == "eval_f1"
+
+
+def test_a_nan_eval_loss_with_metrics_frozen_is_a_stop():
+    rows = [{"loss": 0.5, "eval_loss": NAN, "eval_accuracy": 0.8714, "eval_f1": 0.4384} for _ in range(5)]
+    assert "nonfinite_loss" in stops(judge(run_of(rows)))
+
+
+def test_the_cli_reads_a_model_card_whose_loss_doubled(tmp_path):
+    card = tmp_path / "README.md"
+    rows = "\n".join("| %s | %.1f | %d | %s |" % (t, e + 1.0, 15 * (e + 1), v) for e, (t, v) in enumerate(
+        [("1.0096", "3.7742"), ("1.7336", "3.9102"), ("2.5286", "3.4744"), ("2.8892", "3.1142"), ("2.7188", "2.7622"),
+         ("2.7923", "3.1119"), ("2.4094", "3.0426"), ("2.5928", "2.8928"), ("2.4072", "2.9462"), ("2.4349", "2.7645")]))
+    card.write_text("### Training results\n\n| Training Loss | Epoch | Step | Validation Loss |\n"
+                    "|:---:|:---:|:---:|:---:|\n" + rows + "\n")
+    p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", str(card), "--final", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    out = json.loads(p.stdout)
+    assert p.returncode == 11 and out["verdict"] == "STOP", p.stdout + p.stderr
+    assert out["findings"][0]["code"] == "level_shift" and out["findings"][0]["step"] == 45
+
+
+# --- an explosion seen on two logs, with the gradient as its second witness ---------------------
+
+def test_a_x300_jump_with_the_grad_norm_nan_on_that_log_is_a_stop_from_two_logs():
+    v = judge(run_of([{"loss": 1.8013, "grad_norm": 37.75}, {"loss": 663.57, "grad_norm": NAN}], every=4))
+    assert v["verdict"] == "STOP" and "loss_explosion" in stops(v)
+
+
+@pytest.mark.parametrize("rows", [
+    [{"loss": 1.8013, "grad_norm": 37.75}, {"loss": 663.57, "grad_norm": 120.0}],  # the gradient is finite
+    [{"loss": 1.8013, "grad_norm": 37.75}, {"loss": 9.2, "grad_norm": NAN}],  # x5 is no explosion
+    [{"loss": 0.001, "grad_norm": 1.0}, {"loss": 0.2, "grad_norm": NAN}],  # a tiny loss: one hard batch
+])
+def test_one_witness_alone_is_not_an_explosion(rows):
+    assert "loss_explosion" not in stops(judge(run_of(rows, every=4)))

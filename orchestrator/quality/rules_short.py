@@ -183,6 +183,12 @@ def short_shift(run: Run, opts: dict) -> List[Finding]:
     if lr is not None and _rose(run, lr.name, s.steps[n - k - 1], s.steps[-1]):
         return []
     best = min(v for v in vals[:n - k] if isfinite(v))
-    return [finding("level_shift", "stop", t0,
-                    {"series": s.name, "ratio_to_best": _r(min(vals[n - k:]) / best), "best_level": _r(best),
-                     "logs_above": k}, H.LEVEL_SHIFT, s.name)]
+    ev = {"series": s.name, "ratio_to_best": _r(min(vals[n - k:]) / best), "best_level": _r(best), "logs_above": k}
+    tail = list(vals[n - k:])
+    since_peak = tail[tail.index(max(tail)):]
+    if len(since_peak) >= SHIFT_LOGS and all(b < a for a, b in zip(since_peak, since_peak[1:])):
+        # lower on every log since its peak: a running mean absorbing one huge batch (flair: 0.12,
+        # then 4.70, 4.03, 3.53, 3.15, 2.84) or a recovery under way. Not a level that stays: WAIT
+        ev["recovering"] = True
+        return [finding("level_shift", "warn", t0, ev, H.DIVERGE_WARN, s.name)]
+    return [finding("level_shift", "stop", t0, ev, H.LEVEL_SHIFT, s.name)]

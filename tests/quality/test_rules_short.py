@@ -134,3 +134,12 @@ def test_a_x300_jump_with_the_grad_norm_nan_on_that_log_is_a_stop_from_two_logs(
 ])
 def test_one_witness_alone_is_not_an_explosion(rows):
     assert "loss_explosion" not in stops(judge(run_of(rows, every=4)))
+
+
+def test_a_running_mean_that_falls_on_every_log_since_one_huge_batch_is_a_wait():
+    # flair's epoch loss is a running mean: one batch of loss ~600 lifts it 0.12 -> 4.70, and every
+    # later log is lower as more batches are averaged in
+    rows = [0.1234, 0.1198, 0.1177, 0.1141, 0.1138, 4.70, 4.03, 3.53, 3.15, 2.84]
+    v = judge(run_of([{"loss": x} for x in rows]))
+    assert v["verdict"] == "WAIT" and "level_shift" not in stops(v)
+    assert next(f for f in v["findings"] if f["code"] == "level_shift")["evidence"]["recovering"]

@@ -77,6 +77,11 @@ _WORDS = re.compile(r"[a-z]+")
 _WRAPPED = re.compile(r"(?:\b(?:[A-Za-z_]\w*\.)*(?:tensor|array|Tensor|float(?:16|32|64)?|float_|double)\(\s*\[*\s*%s\s*\]*\s*"
                       r"(?:\)|,\s*[a-z_]+=(?:[^()\n]|\([^()\n]*\))*\))|<tf\.Tensor: [^<>\n]*?numpy=%s>)" % (_NUM, _NUM))
 _WRAPS = ("tensor(", "array(", "Tensor", "float32(", "float64(", "float16(", "float_(", "double(")
+# a line that is one scalar tensor and nothing else: a training loop's ``print(loss)``
+# ("tensor(3.2207, device='cuda:0', grad_fn=<NllLossBackward0>)"); unwrapped alone it would be a
+# bare number no reader names, so it becomes "loss 3.2207", the one value such a loop shows
+_BARE_TENSOR = re.compile(r"^[ \t]*tensor\(\s*%s\s*(?:,\s*[a-z_]+=(?:[^()\n]|\([^()\n]*\))*)?\)[ \t]*$" % _NUM,
+                          re.MULTILINE)
 
 
 # a sentence that names the step before the value: DL4J's ScoreIterationListener ("Score at
@@ -103,6 +108,8 @@ def unwrap_values(text: str) -> str:
         text = _BAR_THEN_LOG.sub("\n", text)
     if not any(w in text for w in _WRAPS):
         return text  # the common case: one substring scan per wrapper name, no regex
+    if "tensor(" in text:
+        text = _BARE_TENSOR.sub(lambda m: "loss " + m.group(1), text)
     return _WRAPPED.sub(lambda m: m.group(1) or m.group(2), text)
 
 

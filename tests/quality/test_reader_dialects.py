@@ -381,3 +381,14 @@ def test_a_bracketed_count_leading_the_line_is_its_step():
     assert step == 6000 and ("model_loss", 152175.0) in vals
     step, _, _ = p.parse("[1,  2000] loss: 2.196")
     assert step != 1.0
+
+
+def test_a_loop_that_prints_its_loss_tensor_alone_is_read_as_the_loss(tmp_path):
+    """``print(loss)``: one scalar tensor per line, nothing else; NaN from the second on is a STOP.
+    A tensor beside a key keeps that key; a tensor of several values is no loss."""
+    lines = ["tensor(3.2207, device='cuda:0', grad_fn=<NllLossBackward0>)"] + ["tensor(nan, device='cuda:0')"] * 5
+    run = _run(tmp_path, lines)
+    assert len(run.get("loss")) == 6 and run.get("loss").values[0] == 3.2207
+    assert judge(run)["verdict"] == "STOP"
+    run = _run(tmp_path, ["acc: tensor(0.5)", "tensor([1.0, 2.0])"] * 3)
+    assert run.get("loss") is None and len(run.series["acc"]) == 3

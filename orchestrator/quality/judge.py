@@ -26,6 +26,7 @@ from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_level as L
 from orchestrator.quality import rules_short as S
+from orchestrator.quality.roles import is_gan
 from orchestrator.quality.series import Run, isfinite
 from orchestrator.quality.sources import Tracker, source_notes
 
@@ -36,7 +37,7 @@ RULES: Dict[str, Callable] = {
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
-    "eval_frozen": E.eval_frozen, "eval_acc_chance": E.eval_acc_chance,
+    "eval_frozen": E.eval_frozen, "eval_acc_chance": E.eval_acc_chance, "overfit": E.overfit,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening, "short_shift": S.short_shift,
@@ -50,10 +51,13 @@ TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning
 # train-loss drift STOPs that an eval measured after their onset and still at its best overrules
 # (a tiny noisy loss creeping 0.05 -> 0.09 while eval improves); a jump that stays is not vetoed
 EVAL_VETO = ("divergence", "divergence_best")
+# a GAN's two losses trade places while it learns (the discriminator's climbs as the generator gets
+# better): a rise in either is no divergence on its own; non-finite, collapse and x100 still stop
+GAN_VETO = ("divergence", "divergence_best", "level_shift", "spike_unrecovered")
 STOP_ORDER = {c: i for i, c in enumerate((
     "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck",
     "saturated_loss", "above_uniform", "frozen", "lr_invalid", "lr_zero", "nonfinite_grad", "level_shift",
-    "divergence_best", "eval_diverged", "metric_zero", "eval_frozen", "no_learning"))}
+    "divergence_best", "eval_diverged", "metric_zero", "eval_frozen", "overfit", "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 
 
@@ -75,6 +79,11 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
     _confirm(run, opts, findings)
     _eval_veto(run, opts, findings)
     _plateau_veto(findings)
+    if is_gan(run.series):
+        for f in findings:
+            if f["severity"] == "stop" and f["code"] in GAN_VETO:
+                f["severity"] = "warn"
+                f["evidence"]["gan"] = True  # type: ignore[index]
     if final:
         _final_word(run, findings)
     # STOP findings first, the clearest cause first (the reason and the agent's evidence name the
@@ -140,8 +149,10 @@ def _final_word(run: Run, findings: List[dict]) -> None:
     loss = run.get("loss")
     if loss is None or not len(loss) or isfinite(loss.values[-1]):
         return
-    if any(f["severity"] == "stop" and f["code"] == "nonfinite_loss" and f["series"] == "loss" for f in findings):
-        return  # already a STOP with its onset (a streak, two witnesses, the trainer's abort)
+    if any(f["code"] == "nonfinite_loss" and f["series"] == "loss" and (
+            f["severity"] == "stop" or "metric_improving" in f["evidence"]) for f in findings):  # type: ignore[operator]
+        return  # already a STOP with its onset (a streak, two witnesses, the trainer's abort), or
+        # a NaN the held-out metrics outlived (``rules.nonfinite_loss``): its last log is no poison
     at = loss.steps[-1]
     for f in findings:
         if f["code"] == "nonfinite_loss" and f["series"] == "loss":

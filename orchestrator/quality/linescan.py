@@ -212,6 +212,8 @@ class OrderedScan:
                         bar = float(m.group(1))
                         if not planned:
                             planned = float(m.group(2))
+                    if m and m.group(1) == "0":
+                        continue  # nothing measured yet (``LineSource._slow``)
                     desc = desc_pairs(line) if parser.strict else []
                     pairs = desc + bar_pairs(line) if parser.strict and has_postfix(line) else desc
                     if desc and tuple(pairs) != src.bar_post:

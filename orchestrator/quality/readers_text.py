@@ -164,6 +164,10 @@ class LineSource:
                 m = TQDM_STEP.search(line)
                 if m:
                     self.bar_step = bar_count(line, m, run, parser)
+                    if m.group(1) == "0":
+                        # a bar at 0 of N has run no batch: its running means are 0/0 (tqdm shows
+                        # "total_loss=inf" before the first batch), not a measurement
+                        continue
                 self._bar_record(line, run, self.bar_step if m else None)
                 continue
             rec = parse(line)

@@ -154,12 +154,17 @@ _GAN_D = frozenset({"d", "dis", "disc", "discriminator", "netd"})
 _GAN_G = frozenset({"g", "gen", "generator", "netg"})
 
 
+_ADV = frozenset({"adv", "adversarial"})
+
+
 def is_gan(names) -> bool:
     """True when ``names`` hold both a discriminator and a generator loss (``d_loss`` and
-    ``g_loss``, ``loss_D`` and ``loss_G``, ``errD`` and ``errG``)."""
-    d = g = False
+    ``g_loss``, ``loss_D`` and ``loss_G``, ``errD`` and ``errG``), or a discriminator's loss and
+    an adversarial one of another network (Style Transformer: ``d_adv_loss`` beside ``f_adv_loss``)."""
+    d = g = adv = False
     for n in names:
         ws = {w.lower() for w in _WORD.findall(n)}
         if ws & LOSS_WORDS or "err" in ws:
             d, g = d or bool(ws & _GAN_D), g or bool(ws & _GAN_G)
-    return d and g
+            adv = adv or bool(ws & _ADV and not ws & _GAN_D)
+    return d and (g or adv)

@@ -91,10 +91,12 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             while streak >= 2 and k > 0 and len(s) - k < 100000 and not isfinite(vals[k - 1]):
                 k -= 1  # the onset is where the trailing run of NaN/Inf began
             step = s.steps[k]
-            better = _metric_improved(run, step) if name != "loss" else None
+            better = _metric_improved(run, step)
             if better:
-                # an eval loss NaN at every eval while F1 rises 0.77 -> 0.89: the loss's own
-                # computation overflows (fp16 eval, an empty batch), the model it scores is fine
+                # a loss NaN at every log while F1 rises 0.77 -> 0.89 (accuracy 0.31 -> 0.50): the
+                # loss's own computation overflows (fp16 eval, an empty batch, a logging mean over
+                # steps the scaler skipped); the model is learning. NaN weights score one constant
+                # output and skipped steps leave them unchanged: neither improves a metric
                 out.append(finding("nonfinite_loss", "warn", step, {"series": name, "metric_improving": better},
                                    H.nonfinite_one(name), name))
                 continue
@@ -111,7 +113,7 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
 def _metric_improved(run: Run, since: float) -> Optional[str]:
     """The name of a held-out quality metric (accuracy, F1, mAP, BLEU...) logged finite at least
     twice from ``since`` on whose newest value is 1% or more above its value at ``since``: the
-    model a NaN eval loss scores still gets better."""
+    model whose loss reads NaN still gets better."""
     for name in run.series:
         if not is_quality_metric(name):
             continue
@@ -142,7 +144,8 @@ def _witnessed(run: Run, out: List[Finding]) -> List[Finding]:
     is non-finite too (valid loss, loss components): two witnesses on one line, not one noisy
     point (``loss: nan  loss_cls: nan  loss_bbox: nan``; ``train loss: nan, valid loss: nan``)."""
     loss = run.get("loss")
-    if loss is None or isfinite(loss.values[-1]) or any(f["severity"] == "stop" for f in out):
+    if loss is None or isfinite(loss.values[-1]) or any(f["severity"] == "stop" or "metric_improving" in f["evidence"]
+                                                        for f in out):
         return out
     at = loss.steps[-1]
     names = []

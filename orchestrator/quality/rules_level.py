@@ -331,13 +331,23 @@ _LOWER = ("loss", "wer", "cer", "perplexity", "ppl", "error", "mse", "mae", "rms
 _HIGHER = ("acc", "f1", "bleu", "rouge", "auc", "precision", "recall", "map", "score", "exact_match")
 _NOT_METRIC = ("runtime", "per_second", "epoch", "samples", "steps", "time", "flos", "tokens")
 PATIENCE = 5  # evals in a row
+
+
+def metric_sign(name: str) -> float:
+    """+1 for a held-out metric that is better lower (a loss, WER, perplexity), -1 for one better
+    higher (accuracy, F1, BLEU, mAP), 0 for a train-side series or one of unknown direction."""
+    low = name.lower()
+    if not is_eval_side(name) or any(w in low for w in _NOT_METRIC):
+        return 0.0
+    return 1.0 if any(w in low for w in _LOWER) else -1.0 if any(w in low for w in _HIGHER) else 0.0
 TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy loss's best is a lucky log)
 
 
 def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     """STOP when the last ``PATIENCE`` evals of every eval metric whose direction is known are no
     better than that metric's best before them, the eval loss by more than 10%, and the train
-    loss has risen x1.2 over its best, with no LR rise meanwhile (a warm restart raises both): the run got worse on every count (a Whisper fine-tune at
+    loss has risen x1.2 over its best, with no LR rise meanwhile (a warm restart raises both), and
+    the eval loss's rise clears 3 sigmas of its recent eval-to-eval noise: the run got worse on every count (a Whisper fine-tune at
     LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER never better than at epoch 2, train loss 1.24 -> 2.03).
     One improving metric (WER while eval loss rises) is enough to keep going."""
     train = run.get("loss")
@@ -359,20 +369,23 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
         return []  # an LR that jumped back up after decaying raises both losses for a while
     judged = []
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        low = name.lower()
-        if not is_eval_side(name) or any(w in low for w in _NOT_METRIC):
+        sign = metric_sign(name)
+        if not sign:
             continue
         s = run.series[name]
         if len(s) <= PATIENCE:
-            continue
-        sign = 1.0 if any(w in low for w in _LOWER) else -1.0 if any(w in low for w in _HIGHER) else 0.0
-        if not sign:
             continue
         vals = [v for v in s.values if isfinite(v)]
         if len(vals) <= patience:
             continue
         best = min(vals[:-patience], key=lambda x: sign * x)
         slack = 0.10 * abs(best) if s is ev_loss else 0.0
+        if s is ev_loss and best > 0 and min(vals) > 0:
+            # and clear of 3 sigmas of the eval loss's recent noise: a val MSE swinging by x2-x7
+            # from one eval to the next early on (9770, 69535, 3510, 27696) is 10% over its best
+            # for 5 evals by chance, and then falls 15x
+            sigma = block_noise([math.log(v) for v in vals[-patience - 20:-patience]])  # its recent noise
+            slack = max(slack, best * (math.exp(3.0 * sigma) - 1.0))
         if any(sign * (v - best) <= slack for v in vals[-patience:]):
             return []  # this metric improved (or the eval loss came within 10%): not every count
         judged.append(name)

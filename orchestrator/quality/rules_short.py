@@ -10,7 +10,6 @@ both alike), or a run that gets worse on every signal it logs, log after log (``
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from typing import List, Optional
 
 from orchestrator.quality import hints as H
@@ -102,13 +101,7 @@ def short_climb(run: Run, opts: dict) -> List[Finding]:
 
 def _at(run: Run, name: str, step: float) -> Optional[float]:
     """The last finite value of series ``name`` logged at or before ``step``."""
-    w = run.series[name]
-    i = bisect_right(w.steps, step)
-    while i > 0:
-        i -= 1
-        if isfinite(w.values[i]):
-            return w.values[i]
-    return None
+    return run.series[name].last_at(step)
 
 
 def _rose(run: Run, name: str, t0: float, t1: float) -> bool:
@@ -172,7 +165,8 @@ def short_shift(run: Run, opts: dict) -> List[Finding]:
     k = n - 1
     while k >= SHIFT_LOGS:
         tail, before = vals[n - k:], [v for v in vals[:n - k] if isfinite(v)]
-        if before and all(isfinite(v) for v in tail) and min(before) >= EXPLODE_FLOOR \
+        # 2 logs before at least: a run's first log alone is no level (one batch at step 19)
+        if len(before) >= 2 and all(isfinite(v) for v in tail) and min(before) >= EXPLODE_FLOOR \
                 and min(tail) >= SHIFT_RATIO * min(before) and min(tail) >= SHIFT_GAP * max(before):
             break
         k -= 1

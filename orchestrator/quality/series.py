@@ -160,6 +160,15 @@ class Series:
         i = bisect_right(self.steps, step)
         return self.values[i - 1] if i and self.steps[i - 1] == step else None
 
+    def last_at(self, step: float) -> Optional[float]:
+        """The last finite value logged at or before ``step``, None when none was."""
+        i = bisect_right(self.steps, step)
+        while i > 0:
+            i -= 1
+            if isfinite(self.values[i]):
+                return self.values[i]
+        return None
+
     def tail(self, n: int) -> List[float]:
         return list(self.values[-n:]) if n > 0 else []
 

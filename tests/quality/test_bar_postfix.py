@@ -76,3 +76,19 @@ def test_a_bar_without_a_metric_in_its_postfix_adds_nothing(tmp_path):
                          % (i, 2.0 - i / 200, i, BAR, i) for i in range(1, 100)))
     run = Tracker([str(p)]).update()
     assert sorted(run.series) == ["loss"] and len(run.series["loss"]) == 99  # no v_num, no gpu
+
+
+def test_a_bar_at_0_of_n_has_measured_nothing(tmp_path):
+    """tqdm draws the bar before the first batch: its running means are 0/0 ("total_loss=inf"),
+    not a loss of the run; the per-line loop and the ordered scan both skip it."""
+    head = "  0%|          | 0/1541 [00:00<?, ?it/s, rpn_class_loss=inf, total_loss=inf]\n"
+    done = "100%%|%s| 1541/1541 [04:34<00:00,  5.62it/s, rpn_class_loss=0.2896, total_loss=%.3f]\n"
+    short = tmp_path / "short.log"
+    short.write_text(head + "".join(done % (BAR * 10, 1.5 - e / 10) for e in range(3)))
+    long = tmp_path / "long.log"  # > 4 KiB: read by the ordered scan
+    long.write_text("".join(head + done % (BAR * 10, 2.0 / (e + 1)) + "Training Parameters\n" * 20
+                            for e in range(12)))
+    for p in (short, long):
+        loss = Tracker([str(p)]).update().get("loss")
+        assert all(math.isfinite(v) for v in loss.values), p.name
+        assert check(str(p))["verdict"] != "STOP"

@@ -1,0 +1,99 @@
+"""Held-out judgement against what a held-out metric says: overfitting (the eval loss far above its
+best while the train loss falls and no metric improves) is a STOP; the eval-loss trap (the loss
+rises, accuracy improves), a near-zero eval loss and a noisy eval are not; a NaN loss beside an
+accuracy that keeps improving is a WAIT; a GAN's losses may rise. Runs built in memory with the
+real ``Run``; the overfit case also through the real CLI on a Keras CSVLogger file."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+from orchestrator.quality import rules_eval as E
+from orchestrator.quality import rules_level as L
+from orchestrator.quality.judge import judge
+from orchestrator.quality.series import Run
+
+# a Keras classifier (epochs 0-24): the val loss bottoms at epoch 3 and doubles, val accuracy flat
+VAL = [1.284, 0.953, 0.795, 0.787, 0.833, 0.896, 0.966, 1.041, 1.070, 1.171, 1.227, 1.295, 1.269,
+       1.362, 1.437, 1.449, 1.428, 1.500, 1.550, 1.585, 1.610, 1.656, 1.630, 1.655, 1.747]
+TRAIN = [1.336 * 0.85 ** e for e in range(25)]
+VACC = [0.435, 0.625, 0.692, 0.703, 0.700, 0.700, 0.692, 0.680, 0.697, 0.700, 0.677, 0.689, 0.706,
+        0.692, 0.666, 0.689, 0.689, 0.692, 0.692, 0.686, 0.680, 0.692, 0.686, 0.683, 0.674]
+
+
+def run_of(rows, every=1):
+    r = Run("mem")
+    for i, row in enumerate(rows):
+        r.add_record(i * every, list(row.items()))
+    return r
+
+
+def stops(v):
+    return {f["code"] for f in v["findings"] if f["severity"] == "stop"}
+
+
+def test_a_val_loss_at_1_5x_its_best_for_5_evals_while_train_falls_is_overfitting():
+    run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, VACC)])
+    f = E.overfit(run, {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["best_step"] == 3
+    assert f[0]["step"] == 10  # the first eval of the streak at x1.5 (1.227 >= 1.18)
+    assert E.overfit(run.upto(12), {}) == []  # 3 evals at x1.5 are not yet 5
+
+
+def test_an_improving_metric_is_the_eval_loss_trap_not_overfitting():
+    acc = [0.43 + 0.02 * e for e in range(25)]  # accuracy keeps improving as the loss rises
+    run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, acc)])
+    assert E.overfit(run, {}) == []
+    wer = [0.9 - 0.02 * e for e in range(25)]  # lower is better, and it got lower
+    run = run_of([{"loss": t, "eval_loss": v, "eval_wer": w} for t, v, w in zip(TRAIN, VAL, wer)])
+    assert E.overfit(run, {}) == []
+
+
+def test_a_rising_train_loss_or_a_near_zero_eval_loss_is_not_overfitting():
+    up = [0.5 + 0.01 * e for e in range(25)]  # eval_diverged's case: both losses rise
+    assert E.overfit(run_of([{"loss": t, "val_loss": v} for t, v in zip(up, VAL)]), {}) == []
+    tiny = [3e-5] * 10 + [6e-5, 1e-4, 8e-5, 9e-5, 1e-4]  # a perfect model's eval loss, one printed digit
+    assert E.overfit(run_of([{"loss": 0.01 / (e + 1), "val_loss": v} for e, v in enumerate(tiny)]), {}) == []
+
+
+def test_a_noisy_eval_loss_is_not_diverged_when_its_rise_is_within_its_noise():
+    rng = random.Random(3)
+    # a val MSE falling with +-25% from one eval to the next, then 5 evals at 1.3x its best
+    val = [9000.0 * 0.97 ** e * math.exp(rng.gauss(0, 0.25)) for e in range(40)]
+    val += [1.3 * min(val)] * 5
+    train = [1000.0] * 30 + [1300.0] * 15  # the train loss rose x1.3 too
+    run = run_of([{"loss": t, "val_loss": v} for t, v in zip(train, val)])
+    assert L.eval_diverged(run, {}) == []
+    smooth = [9000.0 * 0.97 ** e for e in range(40)] + [1.3 * 9000.0 * 0.97 ** 39] * 5
+    assert L.eval_diverged(run_of([{"loss": t, "val_loss": v} for t, v in zip(train, smooth)]), {})
+
+
+def test_a_nan_train_loss_while_dev_accuracy_keeps_improving_is_a_wait():
+    nan = float("nan")
+    rows = [{"loss": nan, "dev_acc": a} for a in (0.306, 0.268, 0.366, 0.428, 0.498)]
+    v = judge(run_of(rows, every=200), final=True)
+    assert "nonfinite_loss" not in stops(v)
+    assert next(f for f in v["findings"] if f["code"] == "nonfinite_loss")["evidence"]["metric_improving"] == "dev_acc"
+    frozen = [{"loss": nan, "dev_acc": 0.25} for _ in range(5)]  # NaN weights: one constant answer
+    assert "nonfinite_loss" in stops(judge(run_of(frozen, every=200)))
+
+
+def test_a_gan_loss_that_climbs_is_not_a_divergence():
+    rows = [{"d_adv_loss": 0.39 + (0.0 if e < 30 else 0.3), "f_adv_loss": 1.3 - 0.005 * e} for e in range(75)]
+    v = judge(run_of(rows))
+    assert not stops(v) & {"divergence", "divergence_best", "level_shift", "spike_unrecovered"}
+    assert any(f["evidence"].get("gan") for f in v["findings"])
+
+
+def test_the_cli_stops_an_overfitting_keras_run(tmp_path):
+    p = tmp_path / "training_log.csv"
+    p.write_text("epoch,accuracy,loss,val_accuracy,val_loss\n" + "".join(
+        "%d,%.4f,%.4f,%.4f,%.4f\n" % (e, 0.35 + 0.025 * e, t, a, v) for e, (t, v, a) in enumerate(zip(TRAIN, VAL, VACC))))
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "check", str(p), "--final", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    v = json.loads(out.stdout)
+    assert out.returncode == 11 and v["findings"][0]["code"] == "overfit", out.stdout + out.stderr

@@ -86,6 +86,9 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
                 f["evidence"]["gan"] = True  # type: ignore[index]
     if final:
         _final_word(run, findings)
+        for f in findings:  # the run ended predicting nothing: its last eval is its model
+            if f["code"] == "metric_zero" and f["evidence"].get("together"):  # type: ignore[union-attr]
+                f["severity"] = "stop"
     # STOP findings first, the clearest cause first (the reason and the agent's evidence name the
     # first one): 3.8e25 is an absurd loss before it is an unrecovered spike
     findings.sort(key=lambda f: (0, STOP_ORDER.get(str(f["code"]), len(STOP_ORDER))) if f["severity"] == "stop"

@@ -35,19 +35,26 @@ ZERO_EVALS = 2  # one metric at 0 on this many evals in a row, or two metrics at
 
 
 def metric_zero(run: Run, opts: dict) -> List[Finding]:
-    """STOP when held-out quality metrics that had reached ``FELL_FROM`` read exactly 0 now: two
-    of them at the same eval (P, R and mAP together: the model predicts nothing), or one of them
-    on ``ZERO_EVALS`` evals in a row. One metric at 0 once is a warning."""
+    """STOP when held-out quality metrics that had reached ``FELL_FROM`` read 0 (or under 1% of
+    their best) on the last ``ZERO_EVALS`` evals in a row (P, R and mAP together: the model predicts nothing; or one of
+    them alone). Metrics at 0 on one eval are a warning, but several of them together on the last
+    eval of a run that has ended are its final state (the judge makes that a STOP)."""
     fallen: Dict[str, Tuple[int, float, float]] = {}
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if not is_quality_metric(name):
             continue
         s = run.series[name]
         n = len(s)
-        if n < 2 or s.values[-1] != 0.0:
+        if n < 2:
+            continue
+        peak = max((v for v in s.values[-1000:] if isfinite(v)), default=0.0)
+        # "at 0": exactly 0, or under 1% of the metric's best (mAP 0.954 -> 0, then 0.0075: the
+        # model still predicts next to nothing; a STOP must not flip to WAIT on that)
+        floor = 0.01 * peak
+        if not 0.0 <= s.values[-1] < floor:
             continue
         k = 0
-        while k < n and s.values[n - 1 - k] == 0.0:
+        while k < n and 0.0 <= s.values[n - 1 - k] < floor:
             k += 1
         before = [v for v in s.values[max(0, n - k - 200):n - k] if isfinite(v)]
         if not before:
@@ -65,7 +72,10 @@ def metric_zero(run: Run, opts: dict) -> List[Finding]:
     names = sorted(fallen)
     ev = {"metrics": names[:6], "best_before": {n: _r(fallen[n][2]) for n in names[:6]},
           "zero_evals": max(k for k, _, _ in fallen.values()), "onset_step": _num(onset)}
-    return [finding("metric_zero", "stop" if together or stays else "warn", onset, ev, H.METRIC_ZERO, names[0])]
+    # on 2 evals, together or not: one eval's P, R and mAP at 0 at once is one event (a model that
+    # predicted nothing once; an eval cut by ultralytics' NMS time limit), the next eval says more
+    ev["together"] = together
+    return [finding("metric_zero", "stop" if stays else "warn", onset, ev, H.METRIC_ZERO, names[0])]
 
 
 # the eval loss identical to its last printed digit on this many evals in a row, while the train
@@ -220,10 +230,11 @@ OVERFIT_FLOOR = 0.05
 def overfit(run: Run, opts: dict) -> List[Finding]:
     """STOP when the eval (or val) loss sat at ``OVERFIT_RATIO``x its best or more on its last
     ``OVERFIT_EVALS`` evals while the train loss went on falling below where it was at that best,
-    and no other held-out metric (accuracy, F1, WER...) got better than at that best: the model
-    is memorising its train set (a Keras classifier: val loss 0.79 -> 1.75 over 20 epochs, val
-    accuracy 0.70 -> 0.67, train loss 0.42 -> 0.05). One improving metric is the eval-loss trap
-    (a calibrated loss rising while accuracy or WER improves), not overfitting: no STOP."""
+    and every other held-out metric (accuracy, F1, WER...) logged is 1% or more worse than at that
+    best: the model is memorising its train set (a Keras classifier: val loss 0.79 -> 1.75 over 20
+    epochs, val accuracy 0.70 -> 0.67, train loss 0.42 -> 0.05). Real overfitting shows in the
+    metric too: one that held or improved is the eval-loss trap (an over-confident loss rising
+    while accuracy or WER holds), no STOP."""
     ev, train = run.get("eval_loss") or run.get("val_loss"), run.get("loss")
     if ev is None or train is None or ev is train or len(ev) < OVERFIT_EVALS + 2:
         return []
@@ -247,8 +258,8 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
             continue
         m = run.series[name]
         then, now = m.last_at(at), m.last_at(steps[-1])
-        if then is not None and now is not None and sign * (now - then) < -0.001 * abs(then):
-            return []  # this metric is better now than at the eval loss's best
+        if then is not None and now is not None and sign * (now - then) < 0.01 * abs(then):
+            return []  # this metric held (within 1%) or improved since the eval loss's best
     k = len(vals) - OVERFIT_EVALS
     while k > 0 and isfinite(vals[k - 1]) and vals[k - 1] >= OVERFIT_RATIO * best:
         k -= 1

@@ -135,9 +135,15 @@ def test_pycocotools_summaries_read_alike_line_by_line_and_in_a_large_chunk(tmp_
     small = tmp_path / "short.log"
     small.write_text(text[:600])
     assert Tracker([str(small)]).update().series["AP"].values[0] == 0.305
-    # then the detector predicts nothing: AP and AP50 both 0 at one eval after 0.5
+    # then the detector predicts nothing: AP and AP50 both 0 at one eval after 0.5 (a WAIT while
+    # the run goes on, a STOP when it ended there), and again at the next eval (a STOP)
     with open(p, "a") as f:
         f.write("Epoch [41][100/100]\tlr: 1.000e-02, loss: 0.0480\n" + coco % (0.0, 0.0))
     from orchestrator.quality.judge import judge
+    v = judge(Tracker([str(p)]).update(), {})
+    assert v["verdict"] == "WAIT" and v["findings"][0]["code"] == "metric_zero"
+    assert judge(Tracker([str(p)]).update(), {}, final=True)["verdict"] == "STOP"
+    with open(p, "a") as f:
+        f.write("Epoch [42][100/100]\tlr: 1.000e-02, loss: 0.0470\n" + coco % (0.0, 0.0))
     v = judge(Tracker([str(p)]).update(), {})
     assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "metric_zero"

@@ -97,3 +97,15 @@ def test_the_cli_stops_an_overfitting_keras_run(tmp_path):
                          capture_output=True, text=True, timeout=60)
     v = json.loads(out.stdout)
     assert out.returncode == 11 and v["findings"][0]["code"] == "overfit", out.stdout + out.stderr
+
+
+def test_a_metric_collapse_on_two_evals_stops_and_one_eval_waits_unless_the_run_ended():
+    # YOLOv7 #741: mAP 0.95 -> exactly 0 at epoch 4 (P and R too), then 0.0075 at epoch 5
+    rows = [{"loss": 0.05, "metrics/mAP_0.5": m, "metrics/recall": r, "metrics/precision": p}
+            for m, r, p in ((0.954, 0.91, 0.94), (0.958, 0.92, 0.95), (0.949, 0.90, 0.94), (0.943, 0.89, 0.94),
+                            (0.0, 0.0, 0.0), (0.0075, 0.0045, 0.5057))]
+    one = run_of(rows[:5])
+    assert "metric_zero" not in stops(judge(one)) and "metric_zero" in stops(judge(one, final=True))
+    assert "metric_zero" in stops(judge(run_of(rows)))  # under 1% of its best is still next to nothing
+    back = rows[:5] + [{"loss": 0.05, "metrics/mAP_0.5": 0.5, "metrics/recall": 0.5, "metrics/precision": 0.6}]
+    assert "metric_zero" not in stops(judge(run_of(back)))

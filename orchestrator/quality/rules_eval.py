@@ -239,14 +239,16 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     if ev is None or train is None or ev is train or len(ev) < OVERFIT_EVALS + 2:
         return []
     vals, steps = ev.values, ev.steps
-    head, last = vals[:-OVERFIT_EVALS], vals[-OVERFIT_EVALS:]
-    if not all(isfinite(v) and v > 0 for v in last) or not any(isfinite(v) and v > 0 for v in head):
+    last = vals[-OVERFIT_EVALS:]
+    # the run's lowest eval loss (kept on the series as it grows): when the last evals clear 1.5x
+    # of it, it was logged before them, so it is their best; the common case costs 5 comparisons
+    best = ev.low()
+    if not (best >= OVERFIT_FLOOR) or not all(isfinite(v) for v in last) or min(last) < OVERFIT_RATIO * best:
         return []
-    best = min(v for v in head if isfinite(v) and v > 0)
-    if best < OVERFIT_FLOOR:
-        return []
-    at = steps[vals.index(best)]
-    sigma = block_noise([math.log(v) for v in head[-20:] if isfinite(v) and v > 0])
+    i = vals.index(best)
+    at = steps[i]
+    sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - OVERFIT_EVALS - 20):-OVERFIT_EVALS]
+                         if isfinite(v) and v > 0])
     if min(last) < best * max(OVERFIT_RATIO, math.exp(3.0 * sigma)):
         return []
     t_best, t_now = train.last_at(at), train.last_at(steps[-1])
@@ -261,7 +263,7 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
         if then is not None and now is not None and sign * (now - then) < 0.01 * abs(then):
             return []  # this metric held (within 1%) or improved since the eval loss's best
     k = len(vals) - OVERFIT_EVALS
-    while k > 0 and isfinite(vals[k - 1]) and vals[k - 1] >= OVERFIT_RATIO * best:
+    while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= OVERFIT_RATIO * best:
         k -= 1
     return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at),
                                                    "latest": _r(vals[-1]), "ratio": _r(min(last) / best),

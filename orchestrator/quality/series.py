@@ -162,12 +162,8 @@ class Series:
 
     def last_at(self, step: float) -> Optional[float]:
         """The last finite value logged at or before ``step``, None when none was."""
-        i = bisect_right(self.steps, step)
-        while i > 0:
-            i -= 1
-            if isfinite(self.values[i]):
-                return self.values[i]
-        return None
+        vals = self.values
+        return next((vals[i] for i in range(bisect_right(self.steps, step) - 1, -1, -1) if isfinite(vals[i])), None)
 
     def tail(self, n: int) -> List[float]:
         return list(self.values[-n:]) if n > 0 else []

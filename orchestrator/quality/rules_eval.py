@@ -36,9 +36,9 @@ ZERO_EVALS = 2  # one metric at 0 on this many evals in a row, or two metrics at
 
 def metric_zero(run: Run, opts: dict) -> List[Finding]:
     """STOP when held-out quality metrics that had reached ``FELL_FROM`` read 0 (or under 1% of
-    their best) on the last ``ZERO_EVALS`` evals in a row (P, R and mAP together: the model predicts nothing; or one of
-    them alone). Metrics at 0 on one eval are a warning, but several of them together on the last
-    eval of a run that has ended are its final state (the judge makes that a STOP)."""
+    their best) on the last ``ZERO_EVALS`` evals in a row (P, R and mAP together: the model
+    predicts nothing; or one of them alone). Metrics at 0 on one eval are a warning, but several
+    together on the last eval of a run that has ended are its final state (the judge's STOP)."""
     fallen: Dict[str, Tuple[int, float, float]] = {}
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if not is_quality_metric(name):

@@ -347,7 +347,8 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     """STOP when the last ``PATIENCE`` evals of every eval metric whose direction is known are no
     better than that metric's best before them, the eval loss by more than 10%, and the train
     loss has risen x1.2 over its best, with no LR rise meanwhile (a warm restart raises both), and
-    the eval loss's rise clears 3 sigmas of its recent eval-to-eval noise: the run got worse on every count (a Whisper fine-tune at
+    the eval loss's rise clears 3 sigmas of its recent eval-to-eval noise: the run got worse on
+    every count (a Whisper fine-tune at
     LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER never better than at epoch 2, train loss 1.24 -> 2.03).
     One improving metric (WER while eval loss rises) is enough to keep going."""
     train = run.get("loss")

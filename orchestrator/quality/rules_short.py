@@ -151,9 +151,10 @@ def worsening(run: Run, opts: dict) -> List[Finding]:
 def short_shift(run: Run, opts: dict) -> List[Finding]:
     """A short log (``CLIMB_MIN`` to ``MIN_LOGS`` points) whose last ``SHIFT_LOGS`` logs or more
     all sit at ``SHIFT_RATIO``x the best log before them and ``SHIFT_GAP``x every log before them:
-    the loss doubled and stayed there, log after log, clear of all the noise it showed before
-    (a per-step loss swinging 0.7-1.5 makes a "x2" of its lowest point on any 4 logs) (a LoRA fine-tune 1.41 -> 3.3, 6.4, 5.5, 4.9, 4.6; a sentiment
-    fine-tune whose loss went 1.01 -> 2.4-2.9 for eight epochs). The trend rule
+    the loss doubled and stayed there, log after log, clear of all the noise it showed before (a
+    per-step loss swinging 0.7-1.5 makes a "x2" of its lowest point on any 4 logs): a LoRA
+    fine-tune at 1.41, then 3.3, 6.4, 5.5, 4.9, 4.6; a sentiment fine-tune whose loss went 1.01 ->
+    2.4-2.9 for eight epochs. A loss lower on every log since its peak is WAIT. The trend rule
     (``rules_level.level_shift``) judges the same thing from 24 logs; a short paste has fewer.
     Not for a tiny loss (under ``EXPLODE_FLOOR`` a hard batch doubles it), a rising learning
     rate (a warmup or a restart raises the loss on purpose), or a GAN's or an RL run's

@@ -53,6 +53,10 @@ def test_from_past_the_end_and_a_file_of_only_comments(home, tmp_path):
     assert json.loads(gpurun("agent", "status", "--json").stdout)["running"] is False
 
 
+# the toy at lr 3 climbs past 1e6 for a few steps (absurd_loss), then goes inf/NaN (nonfinite_loss)
+DIVERGED_RULES = ("nonfinite_loss", "absurd_loss")
+
+
 def _job(name: str) -> dict:
     return next(j for j in status_json()["jobs"] if j["name"] == name)
 
@@ -69,18 +73,22 @@ def test_the_example_queue_shows_the_diverged_run_judged_stop(example_run):
     jobs = {j["name"]: j for j in status_json()["jobs"]}
     div = jobs.pop("toy-diverge-lr3")
     # stopped by the check while it ran (quality.action: stop, the default), evidence saved first
-    assert div["state"] == "quality_stopped" and "stopped by quality check: nonfinite_loss" in div["reason"]
+    # which finding stops it depends on the check's tick: the loss passes 1e6 (absurd_loss) a
+    # step or two before it reaches inf/NaN (nonfinite_loss); a slow host sees the first
     q = div["quality"]
-    assert (q["verdict"], q["rule"], q["final"]) == ("STOP", "nonfinite_loss", True) and Path(q["evidence"]).exists()
+    rule = q["rule"]
+    assert rule in DIVERGED_RULES, q
+    assert div["state"] == "quality_stopped" and f"stopped by quality check: {rule}" in div["reason"]
+    assert (q["verdict"], q["final"]) == ("STOP", True) and Path(q["evidence"]).exists()
     assert _ts(q["checked_at"]) - _ts(div["ended_at"]) <= 5  # its last word within seconds of its end
     assert all(j["state"] == "succeeded" and j["quality"]["verdict"] == "CONTINUE" for j in jobs.values()), jobs
     piped = gpurun("queue", "status", cwd=str(ROOT)).stdout
     line = next(ln for ln in piped.splitlines() if "toy-diverge-lr3" in ln)
-    assert " STOP " in line and "nonfinite_loss" in line
+    assert " STOP " in line and rule in line
     watch = " ".join(gpurun("watch", "--once").stdout.split())
-    assert "quality STOP toy-diverge-lr3 (final): nonfinite_loss" in watch
+    assert f"quality STOP toy-diverge-lr3 (final): {rule}" in watch
     chk = gpurun("check", "--job", "toy-diverge-lr3")  # where the hint points: the same verdict
-    assert chk.returncode == 11 and "nonfinite_loss" in chk.stdout
+    assert chk.returncode == 11 and any(r in chk.stdout for r in DIVERGED_RULES)
 
 
 def _ts(iso: str) -> float:

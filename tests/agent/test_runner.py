@@ -142,7 +142,9 @@ def test_cuda_oom_is_held_with_its_class_in_status_events_and_json(home, tmp_pat
     q = _write(tmp_path, f"[name=big retries=2 env.PYTHONPATH={tmp_path / 'standin'}] "
                          f"python3 {tmp_path / 'train.py'}\n")
     res = gpurun("queue", "submit", q, "--wait", "--json")
-    job = json.loads(res.stdout)["jobs"][0]
+    out = json.loads(res.stdout)
+    assert "jobs" in out, (res.returncode, res.stdout, res.stderr)  # an error object says why
+    job = out["jobs"][0]
     assert job["state"] == "failed" and job["attempt"] == 1, job       # retries=2, yet held
     assert job["failure_class"] == "cuda_oom" and "Tried to allocate 2.00 GiB" in job["failure_hint"]
     assert "waiting for `gpurun queue retry big`" in job["reason"]

@@ -43,6 +43,9 @@ ACC_CHANCE = ("the eval accuracy is 1/K on every eval: the model gives one class
 EVAL_FROZEN = ("the eval loss is the same to every printed digit eval after eval while the train loss moves: the "
                "model being evaluated never changes. Check that the optimizer steps the weights the eval uses (a "
                "frozen or detached model, a stale checkpoint loaded for eval, a cached eval result).")
+METRIC_STUCK = ("the held-out metric has read the same value on every eval since the first: the model's predictions "
+                "on the eval set never changed (one class for every sample, or weights that are never updated). "
+                "Check the labels against the head, the LR (0, or far too high), frozen layers and the eval's model.")
 SCALE_FLOOR = ("fp16's loss scale is at its floor and steps still overflow: every step is skipped, nothing trains. "
                "The loss or gradients exploded before scaling: resume from an earlier checkpoint with bf16, a lower "
                "LR or gradient clipping.")

@@ -26,7 +26,7 @@ from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_level as L
 from orchestrator.quality import rules_short as S
-from orchestrator.quality.roles import is_gan
+from orchestrator.quality.roles import RL_WORDS, is_gan, names_with
 from orchestrator.quality.series import Run, isfinite
 from orchestrator.quality.sources import Tracker, source_notes
 
@@ -37,7 +37,7 @@ RULES: Dict[str, Callable] = {
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
-    "eval_frozen": E.eval_frozen, "eval_acc_chance": E.eval_acc_chance, "overfit": E.overfit,
+    "eval_frozen": E.eval_frozen, "metric_stuck": E.metric_stuck, "eval_acc_chance": E.eval_acc_chance, "overfit": E.overfit,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening, "short_shift": S.short_shift,
@@ -86,6 +86,7 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
                 f["evidence"]["gan"] = True  # type: ignore[index]
     if final:
         _final_word(run, findings)
+        _final_zero(run, findings)
         for f in findings:  # the run ended predicting nothing: its last eval is its model
             if f["code"] == "metric_zero" and f["evidence"].get("together"):  # type: ignore[union-attr]
                 f["severity"] = "stop"
@@ -166,6 +167,34 @@ def _final_word(run: Run, findings: List[dict]) -> None:
     findings.append(R.finding("nonfinite_loss", "stop", at, {"series": "loss", "ended_nonfinite": True,
                                                               "last_finite": R.last_finite(loss)},
                               H.nonfinite_final(at), "loss"))
+
+
+# the loss the log before an ended run's final exact 0: 0.1 is ten steps of a 2-decimal print above
+# 0.00, so no rounding of a memorised loss reaches 0 from it in one log
+ZERO_FROM = 0.1
+
+
+def _final_zero(run: Run, findings: List[dict]) -> None:
+    """The run has ended on a loss of exactly 0 straight after a real one (SFT: 1.1938, then 0.0
+    with the LR unchanged): a cross-entropy cannot learn its way to nothing in one log, so its
+    last state is a degenerate objective (labels all masked, a numerics failure), STOP like an
+    ended NaN. A GAN's hinge loss and an RL objective read 0 by design."""
+    loss = run.get("loss")
+    if loss is None or len(loss) < 2 or loss.values[-1] != 0.0 or is_gan(run.series) or \
+            names_with(run.series, RL_WORDS):
+        return
+    prev = loss.values[-2]
+    if not (isfinite(prev) and prev >= ZERO_FROM):
+        return
+    for f in findings:
+        if f["code"] == "loss_collapse":
+            if f["severity"] == "stop":
+                return
+            f["severity"] = "stop"
+            f["evidence"] = dict(ended_zero=True, before=R._r(prev), **f["evidence"])  # type: ignore[arg-type]
+            return
+    findings.append(R.finding("loss_collapse", "stop", loss.steps[-1], {"zero_loss_logs": 1, "ended_zero": True,
+                                                                        "before": R._r(prev)}, H.COLLAPSE, "loss"))
 
 
 def _eval_veto(run: Run, opts: dict, findings: List[dict]) -> None:

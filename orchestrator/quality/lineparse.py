@@ -40,6 +40,10 @@ class LineParser:
         # the batches per epoch of "| epoch E | B/N batches |" for its "| end of epoch E |")
         self.keras_epoch: Optional[int] = None
         self.keras_epochs: Optional[int] = None
+        # no "Epoch E/M" header seen (a paste of the bars alone): the epoch counted from the bars,
+        # a new one after a bar that reached N/N or a counter that went back; (b, n) of the last
+        self.keras_auto = False
+        self.keras_last: Optional[Tuple[int, int]] = None
         self.per_epoch: Optional[int] = None
         self.by_epoch = False  # the last parse's step is an integer epoch, not a step
         self.table: Optional[Table] = None  # the last column header (``tables``): its rows follow
@@ -58,6 +62,7 @@ class LineParser:
         m = KERAS_EPOCH.match(line)
         if m:
             self.keras_epoch, self.keras_epochs = int(m.group(1)), int(m.group(2))
+            self.keras_auto = False
             return None
         m = KERAS_BATCH.match(line)
         if m is None:
@@ -67,8 +72,15 @@ class LineParser:
                 ((k.lower(), v) for k, v in KERAS_PAIR.findall(line, m.end() - 2)) if k != "eta"]
         if not vals:
             return None
+        if self.keras_epoch is None or self.keras_auto:
+            last = self.keras_last
+            if self.keras_epoch is None:
+                self.keras_epoch, self.keras_auto = 1, True
+            elif last is not None and (b < last[0] or last[0] >= last[1]):
+                self.keras_epoch += 1  # the last bar was complete, or this one started again
+        self.keras_last = (b, n)
         planned = float(n * self.keras_epochs) if self.keras_epochs else None
-        return epoch_step(self.keras_epoch or 1, b, n), vals, planned
+        return epoch_step(self.keras_epoch, b, n), vals, planned
 
     def _header(self, line: str) -> None:
         """Remember an "Epoch E/M" line's count; one that went back starts a new run."""

@@ -81,7 +81,7 @@ class LineSource:
         marks = run.marks()
         p = self.parser
         state = (run.last_step, run.first_step, run.records, run.planned_steps, self.bar_step, self.explicit,
-                 self.bar_post, p.keras_epoch, p.keras_epochs, p.per_epoch)
+                 self.bar_post, p.keras_epoch, p.keras_epochs, p.keras_auto, p.keras_last, p.per_epoch)
         rest = self.fast.take(text, run, marks)
         if rest is text:
             self._slow(text, run)
@@ -116,7 +116,7 @@ class LineSource:
                     del run.series[name]
             run.__dict__.pop("_roles", None)
             (run.last_step, run.first_step, run.records, run.planned_steps, self.bar_step, self.explicit,
-             self.bar_post, p.keras_epoch, p.keras_epochs, p.per_epoch) = state
+             self.bar_post, p.keras_epoch, p.keras_epochs, p.keras_auto, p.keras_last, p.per_epoch) = state
             self._slow(text, run)
 
     def _bar_record(self, line: str, run: Run, bar: Optional[float]) -> None:

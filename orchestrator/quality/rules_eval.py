@@ -27,6 +27,10 @@ CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
 # precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
 CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05
 CHANCE_ACC_BAND = 0.01  # the eval loss near ln K while the eval accuracy is exactly 1/K on every eval
+# two witnesses near chance at once: the eval loss within 2% of ln K on every one of its last 5
+# evals, not falling, and an eval accuracy whose median over them is within 30% of 1/K (val loss
+# 1.097-1.111 = ln 3, val acc 0.31-0.35 on a 3-class task); the train loss within 10% of ln K
+CHANCE_WIT_BAND, CHANCE_WIT_ACC, CHANCE_WIT_TRAIN = 0.02, 0.3, 0.10
 
 # the level (as a fraction: a metric printed in percent is divided by 100) a metric must have
 # reached before its fall to 0 is a collapse: 0.1 mAP is a detector that finds things
@@ -174,13 +178,17 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
         k = H.chance_level(last[-1], CHANCE_ACC_BAND)
         if k and _one_class(acc, k):
             K, band = k, CHANCE_ACC_BAND
+    train_band = CHANCE_TRAIN_BAND
+    if not K and acc is None:
+        K = _near_chance(run, ev, last)
+        band, train_band = CHANCE_WIT_BAND, CHANCE_WIT_TRAIN
     if not K:
         return []
     target = math.log(K)
     if any(abs(v - target) > band * target for v in last):
         return []
     tail = [v for v in s.values[-CHANCE_STEPS:] if isfinite(v)]
-    if len(tail) < 3 or abs(median(tail) - target) > CHANCE_TRAIN_BAND * target:
+    if len(tail) < 3 or abs(median(tail) - target) > train_band * target:
         return []  # the train loss learned (or is elsewhere): not a dead model
     steps = ev.steps[len(ev) - CHANCE_STEPS:]
     lr = run.get("lr")
@@ -194,6 +202,24 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
                     {"series": ev.name, "value": _r(last[-1]), "K": K, "ln_K": _r(target), "evals": CHANCE_STEPS,
                      "train_recent": _r(median(tail)), "lr_warming_up": warming}, H.no_learning(last[-1], run),
                     ev.name)]
+
+
+def _near_chance(run: Run, ev: Series, last: List[float]) -> int:
+    """K when the eval loss's last evals ``last`` all sit within ``CHANCE_WIT_BAND`` of ln K and
+    are not falling (a slow start near chance falls out of it), and an eval accuracy's median over
+    the same evals is within ``CHANCE_WIT_ACC`` of 1/K and not rising on each: the second witness;
+    else 0."""
+    K = H.chance_level(median(last), CHANCE_WIT_BAND)
+    if not K or (last[-1] < 0.99 * last[0] and last[-1] == min(last)):
+        return 0  # at its lowest yet, 1% under the window's first: on its way down through ln K
+    since = ev.steps[len(ev) - len(last)]
+    for name in accuracy_names(run.series, True):  # names first: on a cut run a series read is a copy
+        a = run.series[name]
+        vals = [as_fraction(v) for v in a.values[bisect_left(a.steps, since):] if isfinite(v)]
+        if len(vals) >= 3 and abs(median(vals) - 1.0 / K) <= CHANCE_WIT_ACC / K and \
+                not all(y > x for x, y in zip(vals, vals[1:])):  # better on every eval: it learns
+            return K
+    return 0
 
 
 def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
@@ -216,6 +242,38 @@ def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
         if _values_since(train, since) >= 2:
             return [finding("chance_stuck", "stop", since, {"series": name, "value": _r(v), "K": K,
                                                             "evals": EVAL_FROZEN_EVALS}, H.ACC_CHANCE, name)]
+    return []
+
+
+# a held-out quality metric identical on every eval from its first, this many evals at distinct
+# steps: the evaluated model's predictions never changed (GAT: val_acc 0.72414 on 30 evals, the
+# class prior; MXNet: Validation-accuracy=0.110204 on 16 epochs). A live model's first evals move
+# its metric even on a small eval set. 8 evals: fewer repeat by chance on a coarse metric
+STUCK_EVALS = 8
+# ... below 0.9 (as a fraction): a fine-tune that converged before its first eval holds a high F1
+# on a small eval set while its eval loss still moves (LayoutLMv3 on SROIE: F1 0.9712 on 10 evals)
+STUCK_BELOW = 0.9
+
+
+def metric_stuck(run: Run, opts: dict) -> List[Finding]:
+    """STOP when a held-out quality metric (accuracy, F1, mAP, BLEU...) read one value, above 0
+    and below ``STUCK_BELOW``, on every eval since its first, ``STUCK_EVALS`` evals or more: the
+    model learned nothing the eval can see (it predicts the class prior, or its weights never
+    change). A metric at 0 from its start is ``metric_zero``'s silence (a detector's first epochs)."""
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        if not is_quality_metric(name):
+            continue
+        m = run.series[name]
+        if len(m) < STUCK_EVALS:
+            continue
+        v = m.values[0]
+        if not (isfinite(v) and 0.0 < as_fraction(v) < STUCK_BELOW) or any(x != v for x in m.values):
+            continue  # (the first differing value ends the scan: a live metric's second eval)
+        if len(set(m.steps)) < STUCK_EVALS:
+            continue  # one eval printed again is not eight evals
+        return [finding("eval_frozen", "stop", m.steps[STUCK_EVALS - 1],
+                        {"series": name, "value": _r(v), "equal_evals": len(m), "since_first_eval": True},
+                        H.METRIC_STUCK, name)]
     return []
 
 

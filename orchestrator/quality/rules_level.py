@@ -28,6 +28,7 @@ from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD = 1e6  # a loss this large is a failure (unless the run started there and is moving)
 ABSURD_FLAT_LOGS = 30
+HUGE = 1e20  # broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall)
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
 NOISE_K = 5.0  # the shift must also clear this many block-noise sigmas
@@ -260,8 +261,8 @@ def eval_improving(run: Run, opts: dict, since: float) -> bool:
 
 def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     """A finite loss of 1e6+ on the last 2 logs: STOP when it blew up to that (started below),
-    sits frozen on one value, or grew 10x from the start. A run that started at that scale and
-    moves (an unnormalised regression) is reported, not stopped."""
+    sits frozen on one value, grew 10x from the start, or is 1e20+ and not falling. A run that
+    started at that scale and moves (an unnormalised regression) is reported, not stopped."""
     s = run.get("loss") or run.main_loss()
     limit = float(opts.get("absurd_loss") or ABSURD)
     if s is None or len(s) < 2:
@@ -286,7 +287,9 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     stuck = n > ABSURD_FLAT_LOGS and h0 > 0 and abs(abs(median(tail)) / h0 - 1) < 0.02
     ev = {"series": s.name, "latest": _r(tail[-1]), "limit": _r(limit), "logs_above": n - k,
           "blew_up": blew_up, "frozen": frozen, "stuck": stuck}
-    sev = "stop" if (blew_up or frozen or grew or stuck) else "info"
+    huge = abs(tail[-1]) >= HUGE and abs(tail[-1]) >= abs(tail[-2])  # DOPE: 3.03e31, rising
+    ev.update({"huge": True} if huge else {})
+    sev = "stop" if (blew_up or frozen or grew or stuck or huge) else "info"
     return [finding("absurd_loss", sev, s.steps[k], ev, H.ABSURD, s.name)]
 
 

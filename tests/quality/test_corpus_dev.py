@@ -38,10 +38,6 @@ KNOWN_MISSES = {
     # (ln 1000 = 6.91): a loss above chance after 6,500 steps is a failure for an image classifier
     # but ordinary for a language model with a large vocabulary, and the log does not say which
     "dev6_lucidrains_vit_i35_imagenet_loss_above_chance_acc0.log",
-    # old Caffe, 3 train logs (3.6e-08, then 0) and 3 tests: a train loss reaching 0 is a memorised
-    # set as often as a broken one; only the test score at chance (0.126 of 6 classes, a number
-    # Caffe names "Test score #0", not accuracy) and the test loss 1.8 -> 37 say which
-    "dev8_bvlc_caffe_i5127_train_loss_0_test_acc_chance.log",
     # loss terms exactly 0 on every log while the total falls (CenterNet's wh_loss and off_loss;
     # a Faster R-CNN head's cls_loss and loss_bbox): a bug here, by design elsewhere (YOLO's class
     # loss on a one-class set, a disabled auxiliary term), and the log does not say which
@@ -108,8 +104,6 @@ KNOWN_MISSES = {
     # the loss climbs back 0.48 -> 0.58-1.04 between "..." elisions while grad_norm jumps 0.27 -> 23:
     # 10 logs, the climb not monotone, no held-out witness
     "dev13_facebookresearch_crystal_text_llm_i6_loss_doubles_gradnorm_x80.log",
-    # two trainer_log records, 2.7044 then 0.0, no gradient logged: one zero is one point
-    "dev13_hiyouga_llamafactory_i506_trainer_log_loss_2p7_to_0.jsonl",
     # a CTC loss flat at 114-116 with acc 0 on 6 logs of epoch 3: CTC's scale has no ln K to be at
     "dev13_paddlepaddle_paddleocr_i3074_rec_acc_0_loss_114_flat.log",
     # only the last of 6 epochs is bad (loss 0.177 -> 0.275, its Penalty x56): one point

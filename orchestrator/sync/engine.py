@@ -80,6 +80,10 @@ SAVE_EVERY_S = 1.0          # the record is rewritten at most this often (write_
 # rsync exit codes after which the files that did arrive are worth verifying one by one
 # (23: some files failed, 24: some vanished); anything else (ssh down, protocol) is the link
 _RSYNC_PARTIAL_OK = (0, 23, 24)
+# ... and after which the link is worth one more try at once: 12 (the data stream broke), 10
+# (socket I/O), 255 (ssh could not connect: a busy sshd drops new sessions past MaxStartups). A
+# host that is down fails the second try as fast as the first; a timeout (30) already waited
+_RSYNC_LINK_RETRY, LINK_RETRY_PAUSE_S = (10, 12, 255), 1.0
 
 
 def _syncfs(path: Path) -> None:
@@ -228,6 +232,10 @@ def _fetch_batch(fetcher: Any, rec: JobRecord, files: list[dict], job_id: str,
         # one progress line per batch; files that miss it are retried (and shown) one by one
         progress.file_started(job_id, f"{len(items)} files under {local_base or '.'}/", total, 0)
         code, wire, err = fetcher.fetch_tree(remote_base, [rel for rel, _ in items], dest)
+        if code in _RSYNC_LINK_RETRY:
+            result.wire_bytes += wire
+            time.sleep(LINK_RETRY_PAUSE_S)  # rsync resumes what arrived (--partial into staging)
+            code, wire, err = fetcher.fetch_tree(remote_base, [rel for rel, _ in items], dest)
         result.wire_bytes += wire
         arrived = 0
         for _rel, f in items:

@@ -52,3 +52,29 @@ def test_one_rsync_for_many_files_resumes_and_rejects_bad(tmp_path: Path, monkey
     bad["sha256"] = hashlib.sha256(Path(bad["remote"]).read_bytes()).hexdigest()
     again = pull_job(job, root, RsyncFetcher(), KeepPolicy(), host="h")
     assert again.verified and again.pulled == [bad["path"]] and again.skipped == len(job["files"]) - 1
+
+
+def test_a_link_that_breaks_once_is_tried_again_and_twice_is_a_failure(tmp_path: Path, monkeypatch):
+    """rsync's exit 12 (its data stream broke: a busy sshd dropping sessions past MaxStartups) is
+    tried once more at once; a link broken twice fails the files, none under its final name."""
+    from orchestrator.sync import engine
+    monkeypatch.setattr(engine, "LINK_RETRY_PAUSE_S", 0.0)
+    job = tree(tmp_path, 12)
+    real = subprocess.Popen
+    broken = {"left": 1}
+
+    def popen(argv, **kw):
+        if argv[0] == "rsync" and "--files-from=-" in argv and broken["left"]:
+            broken["left"] -= 1
+            return real(["sh", "-c", "cat >/dev/null; echo 'rsync error: error in rsync protocol data stream "
+                                     "(code 12)' >&2; exit 12"], **kw)
+        return real(argv, **kw)
+
+    monkeypatch.setattr(transfer.subprocess, "Popen", popen)
+    res = pull_job(job, tmp_path / "home", RsyncFetcher(), KeepPolicy(), host="h")
+    assert not res.failed and len(res.pulled) == 12 and res.verified   # the second try brought all
+    broken["left"] = 2
+    root = tmp_path / "home2"
+    res = pull_job(job, root, RsyncFetcher(), KeepPolicy(), host="h")
+    assert len(res.failed) == 12 and "exit 12" in res.failed[0]["reason"] and not res.verified
+    assert not any((root / f["path"]).exists() for f in job["files"])

@@ -94,14 +94,23 @@ def _at_step(m: "re.Match[str]") -> str:
     return "%s %s, %s " % (m.group(2), m.group(3), "loss" if name == "score" else name)
 
 
+# NVIDIA's Tacotron 2 / WaveGlow / Flowtron loops: "Train loss 64999 0.314525 Grad Norm 0.61" and
+# "Validation loss 64000:  0.323265": the integer between a split's loss and its value is the
+# iteration (read as the loss, it climbs 0, 1, ... 64999 like an explosion)
+_LOSS_ITER = re.compile(r"\b((?:[Tt]rain(?:ing)?|[Vv]al(?:id(?:ation)?)?|[Tt]est|[Ee]val) loss) (\d+):? +(?=[-+]?\d*\.\d)")
+
+
 _BAR_THEN_LOG = re.compile(r"(?<=it/s\])(?=\S)|(?<=s/it\])(?=\S)")
 
 
 def unwrap_values(text: str) -> str:
     """``text`` with each value printed inside a tensor / array / numpy scalar as the bare number,
-    and "NAME at iteration N is X" as "iteration N, NAME X"."""
+    "NAME at iteration N is X" as "iteration N, NAME X" and "Train loss N X" as "iteration N
+    Train loss X"."""
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
+    if " loss " in text:
+        text = _LOSS_ITER.sub(r"iteration \2 \1 ", text)
     if "%|" in text and ("verflow" in text or "VERFLOW" in text):
         # tqdm draws its bar with no newline: a logger's line written then lands on the bar's
         # line ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32"); it is a line of its own
@@ -168,6 +177,11 @@ def config_dump(line: str) -> bool:
     return "=" in line and bool(_CONFIG_CALL.search(line) or _CONFIG_PAIR.search(line))
 
 
+def _word(w: str) -> bool:
+    """A word of a metric's name: letters, or a letter then letters and digits ("l1", "top5")."""
+    return w[:1].isalpha() and w.isalnum()
+
+
 def _key_of(seg: str) -> str:
     """Turn the text before a number into a key: ', "train/loss": ' -> 'train/loss'."""
     if seg[-1:] == "\t":
@@ -205,14 +219,14 @@ def _key_of(seg: str) -> str:
             k = words[0]
             return k if _IDENT.match(k) else _NOKEY
         k = words[-1].strip(_STRIP)
-        if (k in SYNONYMS or k == "losses") and 1 < len(words) <= 4 and all(w.isalpha() for w in words[:-1]):
-            # "mean center loss", "eval loss": the words before say which loss (``series.role_of``
-            # reads them); only the last word, every such phrase would be the train loss
+        if (k in SYNONYMS or k == "losses") and 1 < len(words) <= 4 and all(_word(w) for w in words[:-1]):
+            # "mean center loss", "eval loss", "train L1 loss": the words before say which loss
+            # (``series.role_of`` reads them); only the last word, every such phrase would be the train loss
             return "_".join(words)
         if k in SYNONYMS or k in STEP_KEYS:
             return k
         if 1 < len(words) <= 4 and words[0] in _SPLIT_WORDS and k != "epoch" and _IDENT.match(k) \
-                and all(w.isalpha() for w in words[1:-1]):
+                and all(_word(w) for w in words[1:-1]):
             return "_".join(words[:-1] + [k])  # "valid WER", "test avg ppl": the split says which
     return k if _IDENT.match(k) else _NOKEY
 

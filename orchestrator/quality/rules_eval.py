@@ -103,7 +103,9 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
     last = ev.values[-1]
     if not (isfinite(last) and last > 0):
         return []
-    digits = len(("%.6g" % last).replace(".", "").lstrip("0"))
+    # the print's precision is what its most precise value shows: a writer that strips trailing
+    # zeros prints 1.18890 as 1.1889, and one unit of that would call 1.18923 the same value
+    digits = max(_digits(v) for v in ev.values[-EVAL_FROZEN_EVALS:] if isfinite(v))
     if digits < EVAL_FROZEN_DIGITS:
         return []
     need = EVAL_FROZEN_FINE_EVALS if digits >= EVAL_FROZEN_FINE_DIGITS else EVAL_FROZEN_EVALS
@@ -127,6 +129,11 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
             return []
     return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": need,
                                                    "train_values_meanwhile": moved}, H.EVAL_FROZEN, ev.name)]
+
+
+def _digits(v: float) -> int:
+    """Significant digits of ``v`` as printed to at most 6 ("%.6g")."""
+    return len(("%.6g" % abs(v)).split("e")[0].replace(".", "").lstrip("0"))
 
 
 def _values_since(s: Series, since: float) -> int:
@@ -226,7 +233,8 @@ def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
     """STOP when an eval accuracy read exactly 1/K (K = 2..20, to 3 decimals) on its last
     ``EVAL_FROZEN_EVALS`` evals while the train loss moved: the model gives every held-out
     sample one class of a balanced K-class set (0.1667 on 10 evals of a 6-class task). A value
-    repeated that often is no accident of a small eval set, and 1/K is what one class scores."""
+    repeated that often is no accident of a small eval set, and 1/K is what one class scores; a
+    WAIT while ``still_learning``."""
     train = run.get("loss")
     for name in accuracy_names(run.series, True):  # names first: on a cut run a series read is a copy
         a = run.series[name]
@@ -240,8 +248,10 @@ def eval_acc_chance(run: Run, opts: dict) -> List[Finding]:
             continue
         since = a.steps[-EVAL_FROZEN_EVALS]
         if _values_since(train, since) >= 2:
-            return [finding("chance_stuck", "stop", since, {"series": name, "value": _r(v), "K": K,
-                                                            "evals": EVAL_FROZEN_EVALS}, H.ACC_CHANCE, name)]
+            learning = still_learning(run, since)
+            return [finding("chance_stuck", "warn" if learning else "stop", since,
+                            {"series": name, "value": _r(v), "K": K, "evals": EVAL_FROZEN_EVALS,
+                             "still_learning": learning}, H.ACC_CHANCE, name)]
     return []
 
 
@@ -255,11 +265,31 @@ STUCK_EVALS = 8
 STUCK_BELOW = 0.9
 
 
+def still_learning(run: Run, since: float) -> bool:
+    """The evidence a flat held-out metric is a slow start, not a dead model: the LR rose from
+    ``since`` on (a warmup), or an eval loss logged from ``since`` on is at its lowest yet and 1%
+    or more below where it was (a RoBERTa at the class prior's accuracy for 14 evals of its warmup,
+    its eval loss 1.568 -> 1.361, then 100%). The seed's unsure row: WAIT, not STOP."""
+    lr = run.get("lr")
+    if lr is not None:
+        seen = [v for v in lr.values[max(0, bisect_left(lr.steps, since) - 1):] if isfinite(v)]
+        if len(seen) >= 2 and seen[-1] > 1.2 * seen[0]:
+            return True
+    for ev in (run.get("eval_loss"), run.get("val_loss")):
+        if ev is None:
+            continue
+        vals = [v for v in ev.values[bisect_left(ev.steps, since):] if isfinite(v)]
+        if len(vals) >= 2 and vals[-1] <= 0.99 * vals[0] and vals[-1] < min(vals[:-1]):
+            return True
+    return False
+
+
 def metric_stuck(run: Run, opts: dict) -> List[Finding]:
     """STOP when a held-out quality metric (accuracy, F1, mAP, BLEU...) read one value, above 0
     and below ``STUCK_BELOW``, on every eval since its first, ``STUCK_EVALS`` evals or more: the
     model learned nothing the eval can see (it predicts the class prior, or its weights never
-    change). A metric at 0 from its start is ``metric_zero``'s silence (a detector's first epochs)."""
+    change). A metric at 0 from its start is ``metric_zero``'s silence (a detector's first epochs);
+    one beside a warmup or a still-falling eval loss is a WAIT (``still_learning``)."""
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if not is_quality_metric(name):
             continue
@@ -271,9 +301,10 @@ def metric_stuck(run: Run, opts: dict) -> List[Finding]:
             continue  # (the first differing value ends the scan: a live metric's second eval)
         if len(set(m.steps)) < STUCK_EVALS:
             continue  # one eval printed again is not eight evals
-        return [finding("eval_frozen", "stop", m.steps[STUCK_EVALS - 1],
-                        {"series": name, "value": _r(v), "equal_evals": len(m), "since_first_eval": True},
-                        H.METRIC_STUCK, name)]
+        learning = still_learning(run, m.steps[0])
+        return [finding("eval_frozen", "warn" if learning else "stop", m.steps[STUCK_EVALS - 1],
+                        {"series": name, "value": _r(v), "equal_evals": len(m), "since_first_eval": True,
+                         "still_learning": learning}, H.METRIC_STUCK, name)]
     return []
 
 

@@ -19,7 +19,8 @@ from typing import List, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import accuracy_names, as_fraction, is_accuracy, is_eval_side
-from orchestrator.quality.rules import Finding, _num, _r, finding, objective_moving, point_noise
+from orchestrator.quality.rules import Finding, _num, _r, finding, point_noise
+from orchestrator.quality.rules_zero import objective_moving, terms_moving
 from orchestrator.quality.rules_eval import CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -313,8 +314,9 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
         during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
         warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
     # DPO's loss is ln 2 by construction until the policy leaves its reference: at ln 2 while the
-    # reward margins move, it is learning
-    moving = K == 2 and objective_moving(run, steps[n - k])
+    # reward margins move, it is learning; a total whose logged terms move (a detector's conf and
+    # loc losses summing to 6.929 by chance, near ln 1024) is no uniform guess either
+    moving = (K == 2 and objective_moving(run, steps[n - k])) or terms_moving(run, steps[n - k])
     return [finding("chance_stuck", "warn" if warming or moving else "stop", steps[n - k],
                     {"series": s.name, "value": _r(last), "K": K, "ln_K": _r(target), "logged_steps": distinct,
                      "lr_warming_up": warming, "objective_moving": moving}, H.no_learning(last, run), s.name)]

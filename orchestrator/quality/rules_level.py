@@ -1,8 +1,7 @@
 """Whole-run rules: level shifts and divergence of the main loss measured against the best level
 the run reached (``level_shift``, ``divergence_best``; logs too short for them: ``rules_short``),
 absurd magnitudes (``absurd_loss``), every eval metric worse while the train loss rises
-(``eval_diverged``), and ``eval_improving``, the
-judge's veto that keeps a noisy tiny loss from stopping a run whose eval metric still improves.
+(``eval_diverged``), and ``eval_improving``, the judge's veto for a run whose eval still improves.
 
 Why whole-run: a window rule (``rules.divergence``) compares the last logs with the logs just
 before them, so a loss that jumps and stays flat at its new level reads "stable" one window later
@@ -23,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.rules import Finding, _exp, _num, _r, finding, point_noise
-from orchestrator.quality.roles import is_eval_side
+from orchestrator.quality.roles import accuracy_names, is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD = 1e6  # a loss this large is a failure (unless the run started there and is moving)
@@ -37,8 +36,7 @@ FINE = 200  # most recent blocks kept at full resolution
 COARSE = 400  # older history folded into at most this many blocks
 SAMPLE = 16  # points sampled per block median
 RECOVERING = 0.6  # latest excess below this share of the post-jump peak excess: coming back
-TREND_BLOCKS, TREND_S = 8, 22  # a climb: of the 28 pairs of the last 8 levels, S = rises - falls
-TREND_STOP = math.log(1.3)
+TREND_BLOCKS, TREND_S, TREND_STOP = 8, 22, math.log(1.3)  # a climb: S = rises - falls of 28 level pairs
 LONG_BLOCKS, HELD_STOP = 5, math.log(1.15)  # a x1.15 plateau 5 blocks long: a shift that stays
 MIN_LOGS = 24
 
@@ -230,8 +228,8 @@ def _stop_at(levels: List[float], e: int, best: float, sigma: float, need_stop: 
 
 
 def eval_series(run: Run, opts: dict) -> Tuple[Optional[Series], str]:
-    """The eval metric that vetoes a train-loss STOP: the declared primary, else eval/val loss
-    (never the main loss itself: a run judged on its val loss has no second opinion)."""
+    """The eval metric that vetoes a train-loss STOP: the declared primary, else eval/val loss,
+    else an eval accuracy (never the main loss: a run judged on its val loss has no second opinion)."""
     main = run.main_loss()
     primary = opts.get("primary")
     if primary:
@@ -239,6 +237,8 @@ def eval_series(run: Run, opts: dict) -> Tuple[Optional[Series], str]:
         mode = primary[1]
     else:
         s, mode = run.get("eval_loss") or run.get("val_loss"), "min"
+        acc = accuracy_names(run.series, True) if s is None else []
+        s, mode = (run.series[acc[0]], "max") if acc else (s, mode)  # no eval loss: its accuracy
     if s is None or (main is not None and s.name == main.name):
         return None, mode
     return s, mode

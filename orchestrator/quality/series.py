@@ -25,7 +25,8 @@ from orchestrator.quality.roles import _FROM_PPL, ROLES, role_of
 SYNONYMS: Dict[str, str] = {}
 for _canon, _keys in {
     "loss": ("loss", "train_loss", "train loss", "trl", "lm loss", "lm_loss", "train/loss",
-             "train_loss_step", "mean_loss", "losses", "loss_step", "training_loss", "train/lm_loss"),
+             "train_loss_step", "mean_loss", "losses", "loss_step", "training_loss", "train/lm_loss",
+             "lossvalue", "loss_value"),  # (insightface's MXNet "lossvalue=4.49")
     "val_loss": ("val_loss", "val loss", "tel", "valid_loss", "validation_loss", "val/loss",
                  "validation loss", "valid loss", "eval/loss", "test_loss"),
     "eval_loss": ("eval_loss",),

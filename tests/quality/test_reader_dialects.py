@@ -392,3 +392,30 @@ def test_a_loop_that_prints_its_loss_tensor_alone_is_read_as_the_loss(tmp_path):
     assert judge(run)["verdict"] == "STOP"
     run = _run(tmp_path, ["acc: tensor(0.5)", "tensor([1.0, 2.0])"] * 3)
     assert run.get("loss") is None and len(run.series["acc"]) == 3
+
+
+def test_a_split_loss_with_its_iteration_before_the_value_and_a_named_l1_loss(tmp_path):
+    # NVIDIA Tacotron 2 / WaveGlow: "Train loss N X" and "Validation loss N:  X"; read as the
+    # loss, the iteration climbs 0, 1, ... 64999 like an explosion
+    run = _run(tmp_path, ["Train loss 0 48.220909 Grad Norm 13.484264 5.71s/it",
+                          "Validation loss 0: 37.061010  ",
+                          "Train loss 1 35.229748 Grad Norm 25.020286 3.79s/it",
+                          "Train loss 64999 0.314525 Grad Norm 0.615372 4.37s/it"])
+    assert list(zip(run.series["loss"].steps, run.series["loss"].values)) == [
+        (0.0, 48.220909), (1.0, 35.229748), (64999.0, 0.314525)]
+    assert list(run.series["val_loss"].values) == [37.06101]
+    # "Train L1 Loss" is a loss term of its own, not a second value of the train loss
+    p = LineParser()
+    assert p.parse("Epoch [1/500], Train Loss: 8.4e14, Train L1 Loss: 1278424.55")[1] == [
+        ("loss", 8.4e14), ("train_l1_loss", 1278424.55)]
+    assert ("valid_top5_acc", 0.5) in p.parse("epoch 2 valid top5 acc 0.5")[1]
+
+
+def test_insightfaces_lossvalue_is_the_loss(tmp_path):
+    # insightface's MXNet ArcFace logger: "acc=0.991797    lossvalue=4.493365", then nan
+    row = "INFO:root:Epoch[0] Batch [%d-%d]\tSpeed: 204.01 samples/sec\tacc=%s\tlossvalue=%s"
+    run = _run(tmp_path, [row % (b, b + 20, "0.991797", "4.49") for b in range(41820, 41940, 20)]
+                         + [row % (41940, 41960, "0.942578", "nan"), row % (41960, 41980, "0.000000", "nan")])
+    assert len(run.series["loss"]) == 8
+    v = judge(run, {}, final=True)
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "nonfinite_loss"

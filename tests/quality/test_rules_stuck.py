@@ -5,11 +5,15 @@ detector's first epochs: neither is); an eval loss near ln K with an eval accura
 chance (two witnesses, so a band wider than the loss alone gets); a loss of 1e20 and more that is
 not falling is broken whatever it started at; an ended run whose last loss is exactly 0 straight
 after a real one collapsed; Keras progress bars pasted without their "Epoch N/M" headers are one
-epoch each. Runs built in memory with the real ``Run``, and files through the real CLI."""
+epoch each. And two healthy look-alikes of the blind holdouts 18-20 (scored once, then spent): a
+flat metric beside a warmup or a falling eval loss is a slow start (WAIT), an eval loss is frozen
+only to its most precise print, and an eval accuracy at its best vetoes a train-loss jump. Runs
+built in memory with the real ``Run``, and files through the real CLI."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -37,7 +41,7 @@ def _cli(path, *extra):
 
 def test_a_metric_identical_on_every_eval_from_its_first_is_stuck():
     # a GAT on another dataset: val_acc 0.72414 on every epoch (the class prior), the loss drifts
-    rows = [{"loss": 0.64 - 0.002 * e + 0.003 * (-1) ** e, "val_loss": 0.5 - 0.001 * e, "val_acc": 0.72414}
+    rows = [{"loss": 0.64 - 0.002 * e + 0.003 * (-1) ** e, "val_loss": 0.45 + 0.004 * math.sin(e), "val_acc": 0.72414}
             for e in range(30)]
     run = run_of(rows)
     f = E.metric_stuck(run, {})
@@ -45,6 +49,27 @@ def test_a_metric_identical_on_every_eval_from_its_first_is_stuck():
     assert f[0]["step"] == E.STUCK_EVALS - 1 and f[0]["evidence"]["since_first_eval"]
     assert E.metric_stuck(run.upto(E.STUCK_EVALS - 2), {}) == []  # 7 evals can repeat by chance
     assert "eval_frozen" in stops(judge(run, {}))
+
+
+def test_a_flat_metric_beside_a_warmup_or_a_falling_eval_loss_is_a_slow_start_wait():
+    # a RoBERTa fine-tune: eval accuracy 0.4 (the class prior) on its first 14 evals while the LR
+    # warms up and the eval loss falls 1.568 -> 1.361; then it learns (0.6, 1.0)
+    rows = [{"loss": 1.56 - 0.005 * e, "eval_loss": 1.5676 - 0.015 * e, "eval_accuracy": 0.4,
+             "learning_rate": 1e-6 * (e + 1)} for e in range(14)]
+    f = E.metric_stuck(run_of(rows, 10), {})
+    assert f and f[0]["severity"] == "warn" and f[0]["evidence"]["still_learning"]
+    assert judge(run_of(rows, 10), {})["verdict"] == "WAIT"
+    # the eval loss alone falling, the LR constant: still a WAIT
+    flat_lr = [dict(r, learning_rate=2e-5) for r in rows]
+    assert E.metric_stuck(run_of(flat_lr, 10), {})[0]["severity"] == "warn"
+    # both flat: the further evidence the seed's unsure row asks for, a STOP
+    dead = [dict(r, learning_rate=2e-5, eval_loss=1.45 + 0.003 * (-1) ** e) for e, r in enumerate(rows)]
+    assert E.metric_stuck(run_of(dead, 10), {})[0]["severity"] == "stop"
+    # the same guard on an accuracy pinned at exactly 1/K (Rasa: val_acc 0.5000 while val_loss
+    # falls 1.7059 -> 1.6768, one new low after another)
+    rasa = [{"loss": 1.66 - 0.004 * e + 0.01 * (-1) ** e, "val_loss": 1.7059 - 0.0036 * e, "val_acc": 0.5}
+            for e in range(10)]
+    assert judge(run_of(rasa), {})["verdict"] != "STOP"
 
 
 def test_a_metric_that_moved_once_at_zero_or_high_from_its_first_eval_is_not_stuck():
@@ -141,3 +166,46 @@ def test_keras_bars_pasted_without_epoch_headers_are_one_epoch_each(tmp_path):
     h = tmp_path / "headers.log"
     h.write_text("\n".join(with_headers) + "\n")
     assert json.loads(_cli(h, "--final", "--json").stdout)["last_step"] == d["last_step"]
+
+
+def test_an_eval_loss_is_frozen_only_to_the_precision_its_most_precise_print_shows():
+    # Ultralytics strips trailing zeros: 1.18890 prints as 1.1889; one unit of that 4th decimal
+    # would call 1.18923 ... 1.1889 one value. The other prints carry 5 decimals: it moves
+    val = [1.19091, 1.19103, 1.19074, 1.19041, 1.19024, 1.19, 1.18995, 1.1898, 1.18984, 1.18952, 1.18923,
+           1.18896, 1.18893, 1.1889]
+    rows = [{"loss": 0.97 - 0.004 * e, "val_loss": v} for e, v in enumerate(val)]
+    assert E.eval_frozen(run_of(rows), {}) == []
+    same = [dict(r, val_loss=1.1889) for r in rows]  # every print the same 5 digits: frozen
+    assert E.eval_frozen(run_of(same), {})[0]["severity"] == "stop"
+
+
+def test_a_jump_of_a_running_mean_near_zero_is_vetoed_by_an_eval_accuracy_at_its_best():
+    # a running mean that restarts each epoch near 0 (0.0006 -> 0.0023) while val accuracy holds
+    # 98.5%: no eval loss is logged, the eval accuracy is the second opinion
+    loss = [0.0006 * (1 + 0.05 * math.sin(i)) for i in range(30)] + [0.0023 * (1 + 0.05 * math.sin(i))
+                                                                     for i in range(10)]
+    rows = [{"loss": v} for v in loss]
+    for i in range(0, 40, 4):
+        rows[i]["val_acc"] = 0.985 + (0.001 if i >= 30 else 0.0)
+    v = judge(run_of(rows), {})
+    spike = [f for f in v["findings"] if f["code"] == "spike_unrecovered"]
+    assert spike and spike[0]["severity"] == "warn" and spike[0]["evidence"]["eval_improving"]
+    worse = [dict(r, val_acc=0.80) if "val_acc" in r and i >= 30 else r for i, r in enumerate(rows)]
+    assert "spike_unrecovered" in stops(judge(run_of(worse), {}))
+
+
+def test_other_loss_terms_still_moving_say_a_zero_or_ln_k_total_is_the_print_or_a_coincidence():
+    # a PaiNN MSE printed to 4 decimals: 0.0212, then 0.0000 on every epoch, while its L1 term
+    # falls 0.181 -> 0.021: under the print's resolution, not a degenerate objective
+    rows = [{"loss": 0.0212, "train_l1_loss": 0.181}] + [
+        {"loss": 0.0, "train_l1_loss": 0.036 - 0.0005 * e} for e in range(20)]
+    assert "loss_collapse" not in stops(judge(run_of(rows), {}))
+    bare = [{"loss": r["loss"]} for r in rows]  # the same zeros with no other term: a collapse
+    assert "loss_collapse" in stops(judge(run_of(bare), {}))
+    # a detector's total of four terms passing 6.929 (near ln 1024) on 5 logs is no uniform guess;
+    # darknet's smoothed "avg loss" beside its loss is the loss again, no second term
+    det = [{"loss": 6.9291 + 0.001 * (e % 3), "conf_loss": 4.7 - 0.05 * e, "loc_loss": 2.2 + 0.05 * e}
+           for e in range(8)]
+    assert "chance_stuck" not in stops(judge(run_of(det), {}))
+    dark = [{"loss": 6.9077 + 0.002 * (e % 3), "avg_loss": 6.910 + 0.0001 * e} for e in range(8)]
+    assert "chance_stuck" in stops(judge(run_of(dark), {}))

@@ -1,0 +1,120 @@
+"""A loss collapsed to exactly 0 and a gradient that is non-finite or stopped (``loss_collapse``,
+``nonfinite_grad``), with the witnesses that tell a degenerate objective from a memorised or
+tiny loss printed as 0.0000: another loss term still moving, an RL or preference objective
+still learning (``objective_moving``), a GAN's hinge discriminator at 0 by design.
+
+Same contract as ``rules.py``. A zero is never judged on one log while the run lives: a loss of
+0.0 on one batch may be a batch whose labels were all masked; two or more, or a zero beside a
+NaN or stopped gradient, or a run that ended on it (the judge's final word), is judged.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import List
+
+from orchestrator.quality import hints as H
+from orchestrator.quality.roles import PROGRESS_WORDS, RL_WORDS, is_eval_side, is_gan, names_with
+from orchestrator.quality.rules import Finding, _trailing, finding
+from orchestrator.quality.series import Run, isfinite
+
+ZERO = 1e-12  # a loss this close to 0 is no loss at all
+ZERO_START_LOGS = 5  # a fresh run's loss logged as exactly 0 this many times from its first log
+# a log that starts mid-run (a paste, a resumed run) may have memorised its data before: only
+# a longer run of zeros, all it shows, with no gradient flowing, says nothing is learned
+ZERO_SEEN_LOGS = 8
+ZERO_JUMP = 0.01  # a loss at least this large the log before it reads zero: a collapse, not a floor
+
+
+def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
+    out = []
+    loss, grad = run.get("loss"), run.get("grad_norm")
+    if loss is not None:
+        tail = loss.values[-50:]
+        zeros = _trailing([abs(v) <= ZERO for v in tail])  # nan compares False: not a zero
+        if zeros:
+            first = loss.steps[len(loss) - zeros]
+            gbad = grad is not None and all(not isfinite(v) or v == 0.0 for v in grad.values[-zeros:])
+            # a value such as -6.43825e-20 is a loss computed to full precision and found to be
+            # nothing (Caffe DetectNet); a bare 0.0 may be a memorised loss printed as 0.0000
+            exact = grad is None and any(v != 0.0 for v in tail[-zeros:])
+            # a memorised loss reaches 0.0000 down a slope (0.01, 0.001, 0.0002, 0.0); straight
+            # from 0.01 or more to zero in one log is more than two decades below any print's
+            # resolution at once: the objective went degenerate (MXNet SEC: 0.100427 -> 0.000000)
+            k = len(loss) - zeros - 1
+            sudden = k >= 0 and isfinite(loss.values[k]) and abs(loss.values[k]) >= ZERO_JUMP and not (
+                terms_moving(run, first))  # an L1 term still falling: the MSE is under the print
+            # two exact zeros straight after a real loss, with the gradient NaN or zero on both: a
+            # collapse three ways at once (ModernBERT 0.2051 -> 0.0, 0.0, grad_norm nan)
+            # zero from the very first log of a fresh run: nothing is learned at step 0, a real
+            # loss starts at ln(K) or so; exactly 0 there is a label or loader bug ("Iteration Loss:
+            # 0.000" from epoch 0 of a 2-class classifier). 5 logs: an RL warmup may log a few zeros;
+            # a log that starts mid-run: 8 (detectron2's "total_loss: 0" on every log it shows)
+            start = zeros >= (ZERO_SEEN_LOGS if run.resumed else ZERO_START_LOGS) and zeros == len(tail) and (
+                zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
+                grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:])) and not (
+                objective_moving(run, first)) and not (  # GRPO's loss is exactly 0 at first, by construction
+                is_gan(run.series))  # a hinge discriminator's loss is 0 by design
+            # or one zero straight after a real loss, the gradient NaN on that log and the one
+            # before (Qwen-VL: 1.0446 then 0.0, grad_norm nan on both): the NaN came first
+            gnan = grad is not None and len(grad) >= 2 and not any(isfinite(v) for v in grad.values[-2:])
+            # or the gradient exactly 0 on the last 2 logs after it had flowed: nothing trains any
+            # more (labels all masked; a GRPO policy collapsed to one output, every advantage 0)
+            gdead = grad is not None and len(grad) >= 3 and grad.values[-1] == 0.0 == grad.values[-2] and any(
+                isfinite(v) and v > 0 for v in grad.values[-50:-2])
+            # or the loss and the gradient both exactly 0 on the same log, in a run with no RL or
+            # preference objective: two witnesses on one line, not a noisy point. A supervised
+            # loss of 0.0 computes a gradient; none at all means nothing reaches the weights
+            # (every label masked, an fp16 overflow zeroed, a frozen model). GRPO logs 0/0 when
+            # every completion got the same reward, by construction: its reward series exempts it
+            both0 = (grad is not None and len(grad) and grad.steps[-1] == loss.steps[-1] and grad.values[-1] == 0.0
+                     and loss.values[-1] == 0.0 and not names_with(run.series, RL_WORDS) and not is_gan(run.series))
+            sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden) or start
+                   or (sudden and gnan) or gdead or both0 else "warn" if zeros >= 2 else "info")
+            out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
+                                                              "subnormal_values": exact, "sudden": sudden,
+                                                              "from_start": start, "grad_stopped": gdead,
+                                                              "grad_zero_same_log": both0},
+                               H.COLLAPSE, "loss"))
+    if grad is not None:
+        tail = grad.values[-50:]
+        bad = [not isfinite(v) for v in tail]
+        streak = _trailing(bad)
+        nbad = sum(bad)
+        if streak >= 5 or (nbad >= 10 and nbad > 0.2 * len(tail)):
+            out.append(finding("nonfinite_grad", "stop", grad.steps[len(grad) - max(streak, 1)],
+                               {"consecutive": streak, "nonfinite_of_last": nbad, "window": len(tail)},
+                               H.GRAD_NAN_PERSIST, "grad_norm"))
+        elif nbad:
+            out.append(finding("nonfinite_grad", "info", grad.steps[len(grad) - 1 - bad[::-1].index(True)],
+                               {"nonfinite_of_last": nbad, "window": len(tail)}, H.GRAD_NAN_BENIGN, "grad_norm"))
+    return out
+
+
+def objective_moving(run: Run, since: float) -> bool:
+    """True when a reward, margin or KL series changed value after step ``since``: an RL or
+    preference objective is learning, whatever its loss reads."""
+    for name in names_with(run.series, PROGRESS_WORDS):
+        s = run.series[name]
+        i = bisect_left(s.steps, since)
+        vals = [v for v in s.values[max(0, i - 1):] if isfinite(v)]
+        if len(vals) >= 2 and max(vals) != min(vals):
+            return True
+    return False
+
+
+_AVERAGED = ("avg", "mean", "smooth", "running", "ema", "average")
+
+
+def terms_moving(run: Run, since: float) -> bool:
+    """True when another train-side loss (an L1 term beside an MSE "loss") took two or more
+    nonzero values from step ``since`` on: the objective still computes something, and a loss
+    printed 0.0000 there is below its print's resolution, not degenerate."""
+    for name in run.series:
+        if name == "loss" or "loss" not in name or is_eval_side(name) or any(w in name for w in _AVERAGED):
+            continue  # (darknet's "avg" loss is the loss itself, smoothed: no second term)
+        s = run.series[name]
+        vals = {v for v in s.values[bisect_left(s.steps, since):] if isfinite(v) and v != 0.0}
+        if len(vals) >= 2:
+            return True
+    return False

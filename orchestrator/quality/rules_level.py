@@ -25,8 +25,7 @@ from orchestrator.quality.rules import Finding, _exp, _num, _r, finding, point_n
 from orchestrator.quality.roles import accuracy_names, is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
 
-ABSURD = 1e6  # a loss this large is a failure (unless the run started there and is moving)
-ABSURD_FLAT_LOGS = 30
+ABSURD, ABSURD_FLAT_LOGS = 1e6, 30  # a failure (unless the run started there and is moving)
 HUGE = 1e20  # broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall)
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
@@ -245,14 +244,15 @@ def eval_series(run: Run, opts: dict) -> Tuple[Optional[Series], str]:
 
 
 def eval_improving(run: Run, opts: dict, since: float) -> bool:
-    """True when at least one eval was logged after ``since`` and the newest eval is no worse than
-    the best one before ``since`` (1% slack): the train loss rose, the model did not get worse."""
+    """True when an eval was logged at or after ``since`` and the newest eval is no worse than the
+    best one before ``since`` (1% slack): the train loss rose, the model did not get worse."""
     s, mode = eval_series(run, opts)
     if s is None:
         return False
     sign = 1.0 if mode == "min" else -1.0
-    before = [v for st, v in zip(s.steps, s.values) if st <= since and isfinite(v)]
-    after = [v for st, v in zip(s.steps, s.values) if st > since and isfinite(v)]
+    # (an eval at ``since`` itself came after that step's update: an epoch's end, epochs as steps)
+    before = [v for st, v in zip(s.steps, s.values) if st < since and isfinite(v)]
+    after = [v for st, v in zip(s.steps, s.values) if st >= since and isfinite(v)]
     if not before or not after:
         return False
     best = min(before, key=lambda x: sign * x)

@@ -209,3 +209,16 @@ def test_other_loss_terms_still_moving_say_a_zero_or_ln_k_total_is_the_print_or_
     assert "chance_stuck" not in stops(judge(run_of(det), {}))
     dark = [{"loss": 6.9077 + 0.002 * (e % 3), "avg_loss": 6.910 + 0.0001 * e} for e in range(8)]
     assert "chance_stuck" in stops(judge(run_of(dark), {}))
+
+
+def test_an_eval_logged_at_the_onset_epoch_is_after_the_jump_when_epochs_are_the_steps():
+    # a log whose step is the epoch: ten train logs per epoch, then that epoch's val accuracy at
+    # the same step. The jump opens epoch 32; epoch 32's own eval (99.02%) saw the weights after it
+    r = Run("mem")
+    for ep in range(1, 41):
+        base = 0.0006 if ep < 32 else 0.0023
+        for i in range(10):
+            r.add_record(ep, [("loss", base * (1 + 0.05 * math.sin(ep * 10 + i)))])
+        r.add_record(ep, [("val_acc", 98.5 + 0.5 * math.sin(ep))])
+    v = judge(r.upto(32), {})
+    assert v["verdict"] != "STOP", v["reason"]

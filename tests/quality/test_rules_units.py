@@ -275,6 +275,9 @@ def test_a_loss_near_zero_beside_an_accuracy_far_from_100_is_a_masked_loss():
     assert "loss_collapse" not in codes(judge(run_of(base + fit), {}))
     # a regression's "accuracy" of 0 beside its tiny MSE is no witness
     assert "loss_collapse" not in codes(judge(run_of(base + [{"loss": 0.004, "acc": 0.0}] * 3), {}))
+    # mmpose's heatmap MSE is 0.0009 by its scale beside a 76% keypoint accuracy: no mask
+    pose = [{"loss": 0.0009, "mse_loss": 0.0009, "acc_pose": 0.76 + 0.005 * i} for i in range(5)]
+    assert "loss_collapse" not in codes(judge(run_of(base + pose), {}))
 
 
 def test_a_cross_entropy_above_any_uniform_guess_stops_when_its_perplexity_proves_it():

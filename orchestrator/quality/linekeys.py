@@ -97,6 +97,7 @@ def _at_step(m: "re.Match[str]") -> str:
 # NVIDIA's Tacotron 2 / WaveGlow / Flowtron loops: "Train loss 64999 0.314525 Grad Norm 0.61" and
 # "Validation loss 64000:  0.323265": the integer between a split's loss and its value is the
 # iteration (read as the loss, it climbs 0, 1, ... 64999 like an explosion)
+_LOSS_ITER_GATE = re.compile(r" loss \d+:? +[-+]?\d*\.\d")
 _LOSS_ITER = re.compile(r"\b((?:[Tt]rain(?:ing)?|[Vv]al(?:id(?:ation)?)?|[Tt]est|[Ee]val) loss) (\d+):? +(?=[-+]?\d*\.\d)")
 
 
@@ -109,7 +110,7 @@ def unwrap_values(text: str) -> str:
     Train loss X"."""
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
-    if " loss " in text:
+    if " loss " in text and _LOSS_ITER_GATE.search(text):  # a literal-led scan: cheap on any log
         text = _LOSS_ITER.sub(r"iteration \2 \1 ", text)
     if "%|" in text and ("verflow" in text or "VERFLOW" in text):
         # tqdm draws its bar with no newline: a logger's line written then lands on the bar's

@@ -106,12 +106,9 @@ _BAR_THEN_LOG = re.compile(r"(?<=it/s\])(?=\S)|(?<=s/it\])(?=\S)")
 
 def unwrap_values(text: str) -> str:
     """``text`` with each value printed inside a tensor / array / numpy scalar as the bare number,
-    "NAME at iteration N is X" as "iteration N, NAME X" and "Train loss N X" as "iteration N
-    Train loss X"."""
+    and "NAME at iteration N is X" as "iteration N, NAME X"."""
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
-    if " loss " in text and _LOSS_ITER_GATE.search(text):  # a literal-led scan: cheap on any log
-        text = _LOSS_ITER.sub(r"iteration \2 \1 ", text)
     if "%|" in text and ("verflow" in text or "VERFLOW" in text):
         # tqdm draws its bar with no newline: a logger's line written then lands on the bar's
         # line ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32"); it is a line of its own
@@ -121,6 +118,14 @@ def unwrap_values(text: str) -> str:
     if "tensor(" in text:
         text = _BARE_TENSOR.sub(lambda m: "loss " + m.group(1), text)
     return _WRAPPED.sub(lambda m: m.group(1) or m.group(2), text)
+
+
+def loss_iteration(line: str) -> str:
+    """``line`` with "Train loss N X" as "iteration N Train loss X" (``_LOSS_ITER``); the line
+    parser asks this of each line it reads, a substring test on all but those few."""
+    if " loss " in line and _LOSS_ITER_GATE.search(line):
+        return _LOSS_ITER.sub(r"iteration \2 \1 ", line)
+    return line
 
 
 def split_head(head: str) -> bool:
@@ -147,6 +152,8 @@ def context_shape(segs: Sequence[str]) -> bool:
         return True  # a boxed table's row: its key is before a "|" (``tables_box.Box``)
     if " avg" in joined and " rate" in joined and DARKNET.match(joined):
         return True  # darknet's "N: loss, avg avg, lr rate": names after values (``tables``)
+    if any(s.endswith("loss ") and not segs[i + 1].strip(" :") for i, s in enumerate(segs[:-2])):
+        return True  # "Train loss N X": a number between a loss and its value (``loss_iteration``)
     return any(_opens_index(seg) or ("oss" in seg and _GROUP.search(seg)) for seg in segs[:-1]) or context_line(joined) or bool(_GLOG.match(joined)) or ("Warning: " in joined and bool(PY_WARNING.search(joined)))
 
 

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality.linekeys import (_CLOSERS, _GLOG, _GROUP, _HEADER_ENDS, _KNOWN, _METRICISH, NUM_SPLIT,
                                            PY_WARNING, _group_name, _key_of, _opens_index, as_float, config_dump,
-                                           on_split, split_head)
+                                           loss_iteration, on_split, split_head)
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, EPOCH_ITER, EPOCH_OF, ITER_OF,
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, LEAD_STEP, MX_BATCH,
@@ -94,6 +94,7 @@ class LineParser:
     def parse(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         if self.user_re is not None:
             return self._parse_user(line)
+        line = loss_iteration(line)  # Tacotron 2's "Train loss N X": N is the iteration
         if self.summary or "evaluation set" in line:
             if line[:2] == "- " and self.summary:
                 return None

@@ -404,6 +404,16 @@ def test_a_split_loss_with_its_iteration_before_the_value_and_a_named_l1_loss(tm
     assert list(zip(run.series["loss"].steps, run.series["loss"].values)) == [
         (0.0, 48.220909), (1.0, 35.229748), (64999.0, 0.314525)]
     assert list(run.series["val_loss"].values) == [37.06101]
+    # past the columnar paths' 4 KiB threshold the shape is left to the line parser, in order
+    long = []
+    for i in range(600):
+        long.append("Train loss %d %.6f Grad Norm 1.0 4.%02ds/it" % (i, 5.0 / (1 + i / 50), i % 100))
+        if i % 100 == 0:
+            long.append("Validation loss %d:  %.6f  " % (i, 4.0 / (1 + i / 50)))
+    run = _run(tmp_path, long, "long.log")
+    loss = run.series["loss"]
+    assert len(loss) == 600 and loss.steps[-1] == 599.0 and max(loss.values) == 5.0
+    assert list(run.series["val_loss"].steps) == [0.0, 100.0, 200.0, 300.0, 400.0, 500.0]
     # "Train L1 Loss" is a loss term of its own, not a second value of the train loss
     p = LineParser()
     assert p.parse("Epoch [1/500], Train Loss: 8.4e14, Train L1 Loss: 1278424.55")[1] == [

@@ -82,7 +82,7 @@ SAVE_EVERY_S = 1.0          # the record is rewritten at most this often (write_
 _RSYNC_PARTIAL_OK = (0, 23, 24)
 # ... and after which the link is worth one more try at once: 12 (the data stream broke), 10
 # (socket I/O), 255 (ssh could not connect: a busy sshd drops new sessions past MaxStartups). A
-# host that is down fails the second try as fast as the first; a timeout (30) already waited
+# host that is down costs one more connect attempt; a timeout (30) already waited, no retry
 _RSYNC_LINK_RETRY, LINK_RETRY_PAUSE_S = (10, 12, 255), 1.0
 
 

@@ -149,7 +149,8 @@ def test_an_ended_run_whose_last_loss_is_zero_straight_after_a_real_one_collapse
 
 def test_keras_bars_pasted_without_epoch_headers_are_one_epoch_each(tmp_path):
     # a "network diverges" paste: five finished bars and a sixth one half-way, no "Epoch N/M" lines
-    row = "370784/370784 [==============================] - 6700s - loss: %.4f - acc: %.4f - val_loss: %.4f - val_acc: %.4f"
+    row = ("370784/370784 [==============================] - 6700s - loss: %.4f - acc: %.4f - val_loss: %.4f"
+           " - val_acc: %.4f")
     loss = [1.8887, 1.9328, 1.9986, 2.0482, 2.1057]
     rows = [row % (v, 0.42 - 0.02 * i, 1.88 + 0.05 * i, 0.41 - 0.01 * i) for i, v in enumerate(loss)]
     rows.append("137856/370784 [==========>...................] - ETA: 4147s - loss: 2.1578 - acc: 0.3390")

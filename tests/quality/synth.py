@@ -13,6 +13,7 @@ import os
 import random
 from typing import Dict, List, Optional, Tuple
 
+from orchestrator.quality.series import Run
 from orchestrator.quality.tfevents import write_scalars
 from orchestrator.quality.wandb_reader import WandbWriter
 
@@ -253,3 +254,16 @@ def make_case(name: str, seed: int = 0) -> dict:
         rows.append((step, v))
     return {"name": name, "rows": rows, "expect": expect, "onset": onset,
             "start": start if name == "steady_triple" else onset}
+
+
+def run_of(rows: List[Dict[str, float]], every: int = 1) -> Run:
+    """A real ``Run`` of one record per row, at steps 0, every, 2 * every, ..."""
+    r = Run("mem")
+    for i, row in enumerate(rows):
+        r.add_record(i * every, list(row.items()))
+    return r
+
+
+def stop_codes(v: dict) -> List[str]:
+    """The codes of a verdict's STOP findings, in the judge's order."""
+    return [str(f["code"]) for f in v["findings"] if f["severity"] == "stop"]

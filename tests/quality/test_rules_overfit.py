@@ -15,7 +15,7 @@ import sys
 from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_level as L
 from orchestrator.quality.judge import judge
-from orchestrator.quality.series import Run
+from quality.synth import run_of, stop_codes as stops
 
 # a Keras classifier (epochs 0-24): the val loss bottoms at epoch 3 and doubles, val accuracy flat
 VAL = [1.284, 0.953, 0.795, 0.787, 0.833, 0.896, 0.966, 1.041, 1.070, 1.171, 1.227, 1.295, 1.269,
@@ -23,17 +23,6 @@ VAL = [1.284, 0.953, 0.795, 0.787, 0.833, 0.896, 0.966, 1.041, 1.070, 1.171, 1.2
 TRAIN = [1.336 * 0.85 ** e for e in range(25)]
 VACC = [0.435, 0.625, 0.692, 0.703, 0.700, 0.700, 0.692, 0.680, 0.697, 0.700, 0.677, 0.689, 0.706,
         0.692, 0.666, 0.689, 0.689, 0.692, 0.692, 0.686, 0.680, 0.692, 0.686, 0.683, 0.674]
-
-
-def run_of(rows, every=1):
-    r = Run("mem")
-    for i, row in enumerate(rows):
-        r.add_record(i * every, list(row.items()))
-    return r
-
-
-def stops(v):
-    return {f["code"] for f in v["findings"] if f["severity"] == "stop"}
 
 
 def test_a_val_loss_at_1_5x_its_best_for_5_evals_while_train_falls_is_overfitting():
@@ -85,7 +74,7 @@ def test_a_nan_train_loss_while_dev_accuracy_keeps_improving_is_a_wait():
 def test_a_gan_loss_that_climbs_is_not_a_divergence():
     rows = [{"d_adv_loss": 0.39 + (0.0 if e < 30 else 0.3), "f_adv_loss": 1.3 - 0.005 * e} for e in range(75)]
     v = judge(run_of(rows))
-    assert not stops(v) & {"divergence", "divergence_best", "level_shift", "spike_unrecovered"}
+    assert not set(stops(v)) & {"divergence", "divergence_best", "level_shift", "spike_unrecovered"}
     assert any(f["evidence"].get("gan") for f in v["findings"])
 
 

@@ -21,17 +21,7 @@ from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_level as L
 from orchestrator.quality.judge import judge
 from orchestrator.quality.series import Run
-
-
-def run_of(rows, every=1):
-    r = Run("mem")
-    for i, row in enumerate(rows):
-        r.add_record(i * every, list(row.items()))
-    return r
-
-
-def stops(v):
-    return [f["code"] for f in v["findings"] if f["severity"] == "stop"]
+from quality.synth import run_of, stop_codes as stops
 
 
 def _cli(path, *extra):

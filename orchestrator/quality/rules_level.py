@@ -3,15 +3,13 @@ the run reached (``level_shift``, ``divergence_best``; logs too short for them: 
 absurd magnitudes (``absurd_loss``), every eval metric worse while the train loss rises
 (``eval_diverged``), and ``eval_improving``, the judge's veto for a run whose eval still improves.
 
-Why whole-run: a window rule (``rules.divergence``) compares the last logs with the logs just
-before them, so a loss that jumps and stays flat at its new level reads "stable" one window later
-(a STOP on one check, CONTINUE on the next, as if the run had healed), and a slow steady rise
-never makes a big enough ratio. Here every check judges the whole series against the best level
-ever reached, so a later prefix keeps the STOP until the loss really comes back.
+Why whole-run: a window rule (``rules.divergence``) compares the last logs with the ones just
+before, so a loss that jumps and stays flat reads "stable" one window later (STOP, then CONTINUE,
+as if the run had healed), and a slow rise never makes a big enough ratio. Here each check judges
+the whole series against the best level ever reached: the STOP holds until the loss comes back.
 
-Cost: O(n) per check with a bounded constant. The series is cut in index blocks; a block's level
-is the median of at most ``SAMPLE`` evenly spaced points, and old history is folded into at most
-``COARSE`` coarse blocks, so a 1M-point log costs about as much as a 20k-point one.
+Cost: O(n) per check, bounded: index blocks whose level is the median of at most ``SAMPLE`` points,
+old history folded into ``COARSE`` blocks (a 1M-point log costs about what a 20k-point one does).
 """
 
 from __future__ import annotations
@@ -296,8 +294,11 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
 def _absurd_witnessed(run: Run, s: Series, steps: Sequence[float], latest: float, limit: float) -> List[Finding]:
     """One log of the loss blown up past ``limit`` is a STOP when a held-out loss logged after the
     loss's last sane point blew up past it too: two witnesses on two sets of data, not one noisy
-    point (a train loss of 1.6e18 and a valid loss of 1.9e7 for one epoch, printed on two lines)."""
+    point (a train loss of 1.6e18 and a valid loss of 1.9e7 for one epoch, printed on two lines).
+    The loss itself must have started below it: a PaiNN's first log of 4e11 is its scale."""
     since = steps[0]  # the loss's last sane log
+    if median([abs(v) for v in s.values[:5] if isfinite(v)] or [0.0]) >= limit:
+        return []  # it started there: its scale
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
         if name == s.name or "loss" not in name or not is_eval_side(name):
             continue  # (a loss term on the loss's own line is a part of the same blow-up)
@@ -313,9 +314,8 @@ def _absurd_witnessed(run: Run, s: Series, steps: Sequence[float], latest: float
 
 
 def _warm_restart(lr: Series, ev_loss: Series, patience: int) -> bool:
-    """The LR jumped x2 or more in one log after it had decayed (SGDR), after the best eval
-    before the last ``patience``: what came after the best is the restart's. A warmup only rises,
-    so it is no restart (an LR warmed up too far is what diverges runs)."""
+    """The LR jumped x2 or more in one log after it had decayed (SGDR), after the best eval before
+    the last ``patience``: what came after is the restart's (a warmup only rises: no restart)."""
     ev = ev_loss.values[:len(ev_loss) - patience]
     best_at = ev_loss.steps[min(range(len(ev)), key=lambda j: ev[j] if isfinite(ev[j]) else math.inf)]
     peak = -math.inf

@@ -117,6 +117,12 @@ def test_a_loss_past_1e20_not_falling_is_absurd_whatever_it_started_at():
     # a loss started at 1e25 and falling fast is not judged broken on its scale alone
     fall = run_of([{"loss": 1e25 * 0.3 ** e} for e in range(15)])
     assert all(not x["evidence"].get("huge") for x in L.absurd_loss(fall, {}))
+    # one log past 1e6 with a held-out loss past it too is two witnesses of a blow-up from below;
+    # not when the loss itself started above (PaiNN: 4e11, 8.3e5, 1.4e6 while it falls to 0.003)
+    rows = [{"loss": 0.35, "val_loss": 0.4}, {"loss": 0.3, "val_loss": 0.38}, {"loss": 1.6e18, "val_loss": 1.9e7}]
+    assert "absurd_loss" in stops(judge(run_of(rows), {}))
+    painn = [{"loss": 3.99e11, "val_loss": 0.9}, {"loss": 8.27e5, "val_loss": 0.8}, {"loss": 1.36e6, "val_loss": 2e7}]
+    assert "absurd_loss" not in stops(judge(run_of(painn), {}))
 
 
 def test_an_ended_run_whose_last_loss_is_zero_straight_after_a_real_one_collapsed(tmp_path):

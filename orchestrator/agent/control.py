@@ -238,7 +238,9 @@ def _ensure(state_dir: str, pyz: str, build: str, detach: str, timeout: float) -
     start = time.time()
     while True:
         info = running_daemon(state_dir)
-        if info and info["build"] == build:
+        # the daemon we launched takes its lock before it writes its pid and build: until then
+        # the files are the last daemon's (the same build after an idle exit), so ours must show
+        if info and info["build"] == build and (proc is None or info["pid"] == proc.pid):
             log.close()
             return {"action": "replaced" if replaced else "started", "pid": info["pid"], "build": build,
                     "previous": replaced}

@@ -55,3 +55,23 @@ def test_idle_exit_is_off_without_the_setting(home):
     assert not _gone_within(sd, 3)
     assert control.running_daemon(sd)["pid"] == first["pid"]
     assert control.idle_exit_s({}) == 0 and control.idle_exit_s({"agent": {"idle_exit_minutes": None}}) == 0
+
+
+def test_ensure_reports_the_pid_of_the_daemon_it_started_not_the_last_ones(home):
+    """A daemon takes its lock before it writes its pid and build: the files left by the last
+    daemon (the same build, after an idle exit) must not be taken for the new one's."""
+    _, pyz = agentship.build()
+    sd = home / "state"
+    sd.mkdir(parents=True, exist_ok=True)
+    f = control.files(str(sd))
+    stale = subprocess.Popen([sys.executable, "-c", "pass"])
+    stale.wait()  # a pid that was a process and is no more
+    for _ in range(5):
+        control.write_atomic(f["pid"], "%d\n" % stale.pid)
+        control.write_atomic(f["build"], "b1\n")
+        got = _ensure(pyz, str(sd), "b1", {"agent": {"idle_exit_minutes": 0.02}})
+        assert got["action"] == "started" and got["pid"] != stale.pid
+        assert got["pid"] == control.running_daemon(str(sd))["pid"]
+        with open("/proc/%d/cmdline" % got["pid"], "rb") as fh:
+            assert b"daemon" in fh.read()
+        assert _gone_within(str(sd), 6)  # its idle exit, then the next round

@@ -12,7 +12,7 @@ judged, and never on one metric's one eval (a rare class can score 0 once).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
@@ -198,17 +198,22 @@ def chance_eval(s: Series, run: Run) -> List[Finding]:
     if len(tail) < 3 or abs(median(tail) - target) > train_band * target:
         return []  # the train loss learned (or is elsewhere): not a dead model
     steps = ev.steps[len(ev) - CHANCE_STEPS:]
-    lr = run.get("lr")
-    warming = False
-    if lr is not None:  # as chance_stuck: uniform outputs while the LR still rises are a warmup
-        seen = lr.upto(steps[-1])
-        i0 = bisect_left(seen.steps, steps[0])
-        during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
-        warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
+    warming = lr_warming(run, steps[0], steps[-1])  # as chance_stuck: uniform outputs in a warmup
     return [finding("chance_stuck", "warn" if warming else "stop", steps[0],
                     {"series": ev.name, "value": _r(last[-1]), "K": K, "ln_K": _r(target), "evals": CHANCE_STEPS,
                      "train_recent": _r(median(tail)), "lr_warming_up": warming}, H.no_learning(last[-1], run),
                     ev.name)]
+
+
+def lr_warming(run: Run, since: float, until: float = math.inf) -> bool:
+    """The LR rose 1.2x or more from its log before ``since`` to its last one at or before
+    ``until``: a warmup, in which a fresh model's outputs sit at chance on purpose."""
+    lr = run.get("lr")
+    if lr is None:
+        return False
+    during = [v for v in lr.values[max(0, bisect_left(lr.steps, since) - 1):bisect_right(lr.steps, until)]
+              if isfinite(v)]
+    return len(during) >= 2 and during[-1] > 1.2 * during[0]
 
 
 def _near_chance(run: Run, ev: Series, last: List[float]) -> int:
@@ -270,11 +275,8 @@ def still_learning(run: Run, since: float) -> bool:
     ``since`` on (a warmup), or an eval loss logged from ``since`` on is at its lowest yet and 1%
     or more below where it was (a RoBERTa at the class prior's accuracy for 14 evals of its warmup,
     its eval loss 1.568 -> 1.361, then 100%). The seed's unsure row: WAIT, not STOP."""
-    lr = run.get("lr")
-    if lr is not None:
-        seen = [v for v in lr.values[max(0, bisect_left(lr.steps, since) - 1):] if isfinite(v)]
-        if len(seen) >= 2 and seen[-1] > 1.2 * seen[0]:
-            return True
+    if lr_warming(run, since):
+        return True
     for ev in (run.get("eval_loss"), run.get("val_loss")):
         if ev is None:
             continue

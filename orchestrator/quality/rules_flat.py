@@ -14,14 +14,13 @@ An already-converged fine-tune (low from the first log, or still creeping down) 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from typing import List, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import accuracy_names, as_fraction, is_accuracy, is_eval_side
 from orchestrator.quality.rules import Finding, _num, _r, finding, point_noise
 from orchestrator.quality.rules_zero import objective_moving, terms_moving
-from orchestrator.quality.rules_eval import CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval
+from orchestrator.quality.rules_eval import CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval, lr_warming
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 NO_LEARNING_SPAN = 3000  # steps after which an unmoved loss is "no learning"
@@ -306,13 +305,7 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
         return []
     # a fresh classifier sits at ln(K) while its LR warms up from 0: a rising LR over the streak
     # makes it a warn (the same streak after the warmup is a STOP)
-    lr = run.get("lr")
-    warming = False
-    if lr is not None:
-        seen = lr.upto(steps[-1])
-        i0 = bisect_left(seen.steps, steps[n - k])
-        during = [v for v in seen.values[max(0, i0 - 1):] if isfinite(v)]
-        warming = len(during) >= 2 and during[-1] > 1.2 * during[0]
+    warming = lr_warming(run, steps[n - k], steps[-1])
     # DPO's loss is ln 2 by construction until the policy leaves its reference: at ln 2 while the
     # reward margins move, it is learning; a total whose logged terms move (a detector's conf and
     # loc losses summing to 6.929 by chance, near ln 1024) is no uniform guess either

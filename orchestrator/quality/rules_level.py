@@ -234,8 +234,8 @@ def eval_series(run: Run, opts: dict) -> Tuple[Optional[Series], str]:
         mode = primary[1]
     else:
         s, mode = run.get("eval_loss") or run.get("val_loss"), "min"
-        acc = accuracy_names(run.series, True) if s is None else []
-        s, mode = (run.series[acc[0]], "max") if acc else (s, mode)  # no eval loss: its accuracy
+        if s is None:  # no eval loss logged: the first eval accuracy, higher is better
+            s, mode = next(((run.series[n], "max") for n in accuracy_names(run.series, True)), (None, mode))
     if s is None or (main is not None and s.name == main.name):
         return None, mode
     return s, mode

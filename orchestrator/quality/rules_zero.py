@@ -3,9 +3,9 @@
 tiny loss printed as 0.0000: another loss term still moving, an RL or preference objective
 still learning (``objective_moving``), a GAN's hinge discriminator at 0 by design.
 
-Same contract as ``rules.py``. A zero is never judged on one log while the run lives: a loss of
-0.0 on one batch may be a batch whose labels were all masked; two or more, or a zero beside a
-NaN or stopped gradient, or a run that ended on it (the judge's final word), is judged.
+Same contract as ``rules.py``. One zero alone is no STOP while the run lives (a batch whose
+labels were all masked reads 0.0); two or more are judged, and so is one beside a NaN or zero
+gradient on its own line, or one a run ended on (the judge's final word).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ _BARE_TENSOR = re.compile(r"^[ \t]*tensor\(\s*%s\s*(?:,\s*[a-z_]+=(?:[^()\n]|\([
 
 # a sentence that names the step before the value: DL4J's ScoreIterationListener ("Score at
 # iteration 60 is 0.0513", its score being the loss it minimises), "loss at step 10 is 2.3"
-_AT_STEP = re.compile(r"\b([A-Za-z][A-Za-z_]{0,30}) at (iteration|iter|step|epoch) (\d+) (?:is|was|=|:) ")
+_AT_STEP = re.compile(r"\b([A-Za-z][A-Za-z_]{0,30}) at (iteration|iter|step|epoch) (\d+)(?: is| was| ?=| ?:) ")
 
 
 def _at_step(m: "re.Match[str]") -> str:
@@ -104,6 +104,7 @@ _LOSS_ITER = re.compile(r"\b((?:[Tt]rain(?:ing)?|[Vv]al(?:id(?:ation)?)?|[Tt]est
 
 
 _BAR_THEN_LOG = re.compile(r"(?<=it/s\])(?=\S)|(?<=s/it\])(?=\S)")
+_BAR_GLUED = re.compile(r"(?:it/s|s/it)\]\S")  # the cheap test: one scan, most texts have none
 
 
 # a terminal colour or cursor code (loguru, rich, colorlog, timm's logger; a W&B output.log keeps
@@ -118,9 +119,10 @@ def unwrap_values(text: str) -> str:
         text = _ANSI.sub("", text)
     if " at i" in text or " at s" in text or " at e" in text:
         text = _AT_STEP.sub(_at_step, text)
-    if "%|" in text and ("verflow" in text or "VERFLOW" in text):
-        # tqdm draws its bar with no newline: a logger's line written then lands on the bar's
-        # line ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32"); it is a line of its own
+    if "%|" in text and _BAR_GLUED.search(text):
+        # tqdm draws its bar with no newline: a line printed then lands on the bar's line
+        # ("...132.41s/it][2023-06-07 ...] OVERFLOW! ... reducing to 32", "| 0/512 [00:00<?,
+        # ?it/s]Step: 182 || Tr.Loss: 3.2398"); it is a line of its own, not part of the bar
         text = _BAR_THEN_LOG.sub("\n", text)
     if not any(w in text for w in _WRAPS):
         return text  # the common case: one substring scan per wrapper name, no regex

@@ -117,6 +117,13 @@ class LineParser:
                 return None
             self.by_epoch = self.box.by_epoch and rec[0] is not None  # a row's epoch, as "Epoch 3 ..."
             return rec[0], rec[1], None
+        if c != "|" and "|" in line and "||" not in line:
+            taken, rec = self.box.bare(line)  # a markdown table without its outer pipes
+            if taken:
+                if rec is None or not rec[1]:
+                    return None
+                self.by_epoch = self.box.by_epoch and rec[0] is not None
+                return rec[0], rec[1], None
         if c in "IWEF" and line[1:5].isdigit():
             m = _GLOG.match(line)
             if m:  # its date, thread and source line are not metrics

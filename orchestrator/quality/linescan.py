@@ -19,7 +19,7 @@ from orchestrator.quality.bars import bar_pairs, desc_pairs, has_postfix
 from orchestrator.quality.linekeys import (_GLOG, NUM_SPLIT, _key_of, context_shape, metricish, on_split, split_at,
                                            split_head)
 from orchestrator.quality.lineparse import LineParser
-from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP
+from orchestrator.quality.readers_text import BAR, LINE, TQDM_STEP, other_loop
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS, Run
 from orchestrator.quality.steps import EPOCH_BATCHES, EPOCH_END, KERAS_BATCH, KERAS_EPOCH
 from orchestrator.quality.tables import read_apart
@@ -169,6 +169,9 @@ class OrderedScan:
         merging = run.merging
         last, first, planned, bar = run.last_step, run.first_step, run.planned_steps, src.bar_step
         explicit = src.explicit  # as LineSource: after a line with a step, stepless lines join it
+        # the total of the last bar if it ran to its end (else None), and of the bar of the last step
+        done_n, step_n = (src.bar_n if src.bar_done else None), src.step_n
+        bar_n = src.bar_n
         parser = self.parser
         unsorted = False
         records = 0
@@ -199,7 +202,8 @@ class OrderedScan:
                     break
             else:
                 if row[gb]:  # a tqdm bar: it knows the step the next HF dict line leaves out
-                    bar = float(row[gb])
+                    bar, bar_n = float(row[gb]), row[gb + 1]
+                    done_n = bar_n if row[gb] == bar_n else None
                     if not planned:
                         planned = float(row[gb + 1])
                     continue
@@ -210,7 +214,8 @@ class OrderedScan:
                     # a bar with a postfix (or one TQDM_STEP does not match): as the per-line loop
                     m = TQDM_STEP.search(line)
                     if m:
-                        bar = float(m.group(1))
+                        bar, bar_n = float(m.group(1)), m.group(2)
+                        done_n = bar_n if m.group(1) == bar_n else None
                         if not planned:
                             planned = float(m.group(2))
                     if m and m.group(1) == "0":
@@ -241,8 +246,9 @@ class OrderedScan:
                 if pl and not planned:
                     planned = pl
                 if step is None or (parser.by_epoch and explicit):
-                    if bar is not None and (explicit != LINE or last is None or bar >= last):
-                        step, bar, explicit = bar, None, explicit or BAR
+                    if bar is not None and (explicit != LINE or last is None or bar >= last) and \
+                            not other_loop(explicit, bar, done_n, step_n, last):
+                        step, bar, explicit, step_n = bar, None, explicit or BAR, bar_n
                     elif explicit and last is not None:
                         step = last
                     elif step is None:
@@ -284,8 +290,9 @@ class OrderedScan:
                 if step is None and parser.rerun:  # as parse(): a new run's first record
                     parser.rerun, step, by_epoch = False, 0.0, True
                 if step is None or (by_epoch and explicit):
-                    if bar is not None and (explicit != LINE or last is None or bar >= last):
-                        step, bar, explicit = bar, None, explicit or BAR  # a lower bar: a restart
+                    if bar is not None and (explicit != LINE or last is None or bar >= last) and \
+                            not other_loop(explicit, bar, done_n, step_n, last):
+                        step, bar, explicit, step_n = bar, None, explicit or BAR, bar_n  # a lower bar: a restart
                     elif explicit and last is not None:
                         step = last
                     elif step is None:
@@ -324,3 +331,4 @@ class OrderedScan:
         run.records += records
         src.bar_step = bar
         src.explicit = explicit
+        src.bar_n, src.bar_done, src.step_n = bar_n, done_n is not None, step_n

@@ -20,6 +20,18 @@ CHUNK = 8 << 20
 COUNTING, BAR, LINE = 0, 1, 2  # where a log's steps come from (``LineSource.explicit``)
 
 
+def other_loop(explicit: int, bar: float, done_n: Optional[str], step_n: Optional[str],
+               last: Optional[float]) -> bool:
+    """Whether a bar below the last step is another loop's, not a restart: steps come from bars,
+    and this bar ran to its end (``done_n``: its total, None while it runs) counting to another
+    total than the bar that gave them (an eval's 103/103 after training's 410, pointnet2's loop).
+    Its count is no step: the lines after it belong to the step trained so far (read as a restart,
+    every epoch's eval dropped the train points before it). A new run's bar that has just begun
+    ("0/2260" of a second fine-tune in the same log) is still a restart."""
+    return explicit == BAR and done_n is not None and step_n is not None and done_n != step_n and \
+        last is not None and bar < last
+
+
 def _tied(run: Run, marks: Dict[str, int], fast: Dict[str, int]) -> bool:
     """Whether a series got points at one step from both the fast path (``marks`` to ``fast``)
     and the lines it left (after ``fast``)."""
@@ -49,6 +61,9 @@ class LineSource:
         self.fast = None
         self.scan = None
         self.bar_post: Optional[tuple] = None  # the last bar postfix read: a refresh repeats it
+        self.bar_n: Optional[str] = None  # the total of the last bar read ("410" of "17/410")
+        self.bar_done = False  # ... and whether it ran to its end ("410/410")
+        self.step_n: Optional[str] = None  # the total of the bar whose count is the last step
 
     def poll(self, run: Run) -> str:
         """Read what was appended since the last poll into ``run``; ``"reset"`` if replaced."""
@@ -81,7 +96,8 @@ class LineSource:
         marks = run.marks()
         p = self.parser
         state = (run.last_step, run.first_step, run.records, run.planned_steps, self.bar_step, self.explicit,
-                 self.bar_post, p.keras_epoch, p.keras_epochs, p.keras_auto, p.keras_last, p.per_epoch)
+                 self.bar_post, self.bar_n, self.bar_done, self.step_n, p.keras_epoch, p.keras_epochs, p.keras_auto,
+                 p.keras_last, p.per_epoch)
         rest = self.fast.take(text, run, marks)
         if rest is text:
             self._slow(text, run)
@@ -116,7 +132,8 @@ class LineSource:
                     del run.series[name]
             run.__dict__.pop("_roles", None)
             (run.last_step, run.first_step, run.records, run.planned_steps, self.bar_step, self.explicit,
-             self.bar_post, p.keras_epoch, p.keras_epochs, p.keras_auto, p.keras_last, p.per_epoch) = state
+             self.bar_post, self.bar_n, self.bar_done, self.step_n, p.keras_epoch, p.keras_epochs, p.keras_auto,
+             p.keras_last, p.per_epoch) = state
             self._slow(text, run)
 
     def _bar_record(self, line: str, run: Run, bar: Optional[float]) -> None:
@@ -164,6 +181,7 @@ class LineSource:
                 m = TQDM_STEP.search(line)
                 if m:
                     self.bar_step = bar_count(line, m, run, parser)
+                    self.bar_n, self.bar_done = m.group(2), m.group(1) == m.group(2)
                     if m.group(1) == "0":
                         # a bar at 0 of N has run no batch: its running means are 0/0 (tqdm shows
                         # "total_loss=inf" before the first batch), not a measurement
@@ -177,9 +195,10 @@ class LineSource:
             if step is None or (parser.by_epoch and self.explicit):
                 last = run.last_step
                 bar = self.bar_step
-                if bar is not None and (self.explicit != LINE or last is None or bar >= last):
+                if bar is not None and (self.explicit != LINE or last is None or bar >= last) and \
+                        not other_loop(self.explicit, bar, self.bar_n if self.bar_done else None, self.step_n, last):
                     step, self.bar_step = bar, None  # a bar that went backwards is a restart
-                    self.explicit = self.explicit or BAR
+                    self.explicit, self.step_n = self.explicit or BAR, self.bar_n
                 elif self.explicit and last is not None:
                     step = last
                 elif step is None:

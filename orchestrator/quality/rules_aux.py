@@ -7,11 +7,13 @@ Same contract as ``rules.py``. Throughput is an infrastructure signal, never a q
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from bisect import bisect_left
+from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import RL_WORDS, accuracy_names, as_fraction, names_with
+from orchestrator.quality.roles import RL_WORDS, accuracy_names, as_fraction, is_quality_metric, names_with
 from orchestrator.quality.rules import Finding, _num, _r, finding
+from orchestrator.quality.rules_eval import still_learning
 from orchestrator.quality.series import Run, Series, isfinite, median
 from orchestrator.quality.tables import OVERFLOW_SERIES
 
@@ -255,3 +257,35 @@ def loss_scale_floor(run: Run, opts: dict) -> List[Finding]:
                         {"series": OVERFLOW_SERIES, "last_values": [_r(v) for v in ov.values[-4:]],
                          "overflows_at_floor": len(ov) - k, "floor": OVERFLOW_FLOOR}, H.SCALE_FLOOR, OVERFLOW_SERIES)]
     return []
+
+
+# the flat start's second witness: held-out quality metrics (accuracy, mAP, Dice, F1...) logged on
+# this many evals since the loss's first log, none better at the end than at the start by more
+# than FLAT_METRIC_GAIN (as a fraction: one point of accuracy)
+FLAT_METRIC_EVALS, FLAT_METRIC_GAIN = 8, 0.01
+
+
+def metrics_flat(run: Run, since: float) -> Dict[str, Tuple[float, float]]:
+    """What the held-out metrics say of a loss flat from its first log (``rules_flat.flat_start``):
+    {name: (first-third mean, last-third mean)} when every quality metric logged on
+    ``FLAT_METRIC_EVALS`` evals or more since ``since`` ends no better than it began (no eval above
+    its first third's best, its last third's mean not above its first's) and no eval loss is still
+    falling to new lows (``still_learning``); else {}. The seed's "eval metrics worse than
+    baseline" row: a flat loss beside flat evals learned nothing, a flat loss alone is unsure."""
+    seen: Dict[str, Tuple[float, float]] = {}
+    for name in run.series:
+        if not is_quality_metric(name):
+            continue
+        m = run.series[name]
+        i = bisect_left(m.steps, since)
+        vals = [as_fraction(v) for v in m.values[i:] if isfinite(v)]
+        if len(vals) < FLAT_METRIC_EVALS or len(set(m.steps[i:])) < FLAT_METRIC_EVALS:
+            continue
+        k = len(vals) // 3
+        head, tail = sum(vals[:k]) / k, sum(vals[-k:]) / k
+        if max(vals[k:]) > max(vals[:k]) + FLAT_METRIC_GAIN or tail > head + FLAT_METRIC_GAIN:
+            return {}  # one metric learned: the flat loss is the unsure row's
+        seen[name] = (_r(head), _r(tail))
+    if seen and still_learning(run, since):
+        return {}
+    return seen

@@ -20,6 +20,7 @@ from typing import List, Optional, Tuple
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import PPL_WORDS, accuracy_names, as_fraction, is_accuracy, is_eval_side
 from orchestrator.quality.rules import Finding, _num, _r, finding, point_noise
+from orchestrator.quality.rules_aux import metrics_flat
 from orchestrator.quality.rules_zero import objective_moving, terms_moving
 from orchestrator.quality.rules_eval import (CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval, lr_annealed,
                                              lr_warming)
@@ -112,6 +113,10 @@ def flat_start(s: Series, run: Run) -> List[Finding]:
         return []  # low from the start, or it moved: an already-converged fine-tune, not dead
     if span >= need and n >= NO_LEARNING_LOGS and precise:
         return [finding("no_learning", "stop", s.steps[-1], ev, H.no_learning(level, run), s.name)]
+    flat = metrics_flat(run, s.steps[0])
+    if flat:  # the further evidence the unsure row asks for: the evals learned nothing either
+        return [finding("no_learning", "stop", s.steps[-1], dict(ev, metrics_flat=flat), H.no_learning(level, run),
+                        s.name)]
     return [finding("flat_start", "warn", s.steps[-1], dict(ev, needed_span=_num(need)), H.FLAT_START, s.name)]
 
 

@@ -152,10 +152,28 @@ class Table:
         return step, vals, planned
 
 
+# a split's word before "loss" / "acc": one column's name split in two (fastai's "train_loss" as a
+# copy of its rendered table shows it, "epoch train loss valid loss accuracy_thresh")
+_SPLIT_WORDS = frozenset({"train", "training", "val", "valid", "validation", "test", "eval"})
+
+
+def _joined(toks: List[str]) -> List[str]:
+    """Header names with "train loss" joined as "train_loss" (``_SPLIT_WORDS``)."""
+    if "loss" not in toks and "acc" not in toks:
+        return toks
+    out: List[str] = []
+    for t in toks:
+        if t in ("loss", "acc") and out and out[-1].lower() in _SPLIT_WORDS:
+            out[-1] += "_" + t
+        else:
+            out.append(t)
+    return out
+
+
 def table_head(line: str) -> Optional[Table]:
     """A ``Table`` for a header line (4+ distinct names, the first the epoch column, one of them
     a loss), else None."""
-    toks = line.split()
+    toks = _joined(line.split())
     if len(toks) < 4 or toks[0].lower() not in _STEP_COLS or len(set(toks)) != len(toks):
         return None
     if not all(_COL.match(t) for t in toks):

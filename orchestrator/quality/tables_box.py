@@ -20,7 +20,7 @@ _BOX_ROW = re.compile(r"\|\s*([A-Za-z_][^|]*?)\s*\|\s*([^|]*?)\s*\|\s*\Z")
 _BOX_STEPS = ("time/total_timesteps", "time/iterations", "total_timesteps")
 
 
-_MD_RULE = re.compile(r":?-{3,}:?\Z")
+_MD_RULE = re.compile(r":?-+:?\Z")  # (GFM asks one dash; the header before it says it is a table)
 _MD_STEPS = ("step", "steps", "global step", "iteration", "iter")
 
 
@@ -62,28 +62,52 @@ class Box:
             self.md, self.head = md_names(self.head), None
             return None
         if self.md is not None and len(cells) == len(self.md):
-            vals, step, epoch = [], None, None
-            for name, cell in zip(self.md, cells):
-                try:
-                    v = float(cell)
-                except ValueError:
-                    continue  # "No log": HF's train loss before its first logging step
-                if name == "step":
-                    step = v
-                elif name == "epoch":
-                    epoch = v
-                elif name == "loss" and v == self.carried:
-                    continue  # HF's card writes the last logged train loss into every eval row
-                    # (logging_steps 500, an eval every 100): a repeat is no new log
-                else:
-                    vals.append((name, v))
-                    if name == "loss":
-                        self.carried = v
-            self.by_epoch = step is None
-            return (step if step is not None else epoch), vals
+            return self._row(cells)
         self.md, self.carried = None, None
         self.head = cells if len(cells) >= 3 else None
         return None
+
+    def bare(self, line: str) -> Tuple[bool, Optional[Tuple[Optional[float], List[Tuple[str, float]]]]]:
+        """A markdown table without its outer pipes (GitHub's copy of a rendered table: "epoch |
+        train loss | val acc", a rule "-- | --", rows "5 | 0.671 | 0.573"): (taken, record). A
+        line the table does not take (a header is only remembered) is the line parser's."""
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) < 3:
+            self.md = self.head = None
+            return False, None
+        if self.md is not None:
+            if len(cells) == len(self.md):
+                return True, self._row(cells)
+            self.md = None
+        if self.head is not None and len(cells) == len(self.head) and all(_MD_RULE.match(c) for c in cells):
+            self.md, self.head, self.carried = md_names(self.head), None, None
+            return True, None
+        # names only: a header (a line with a digit is a record of its own, "epoch 3 | loss 0.5")
+        self.head = None if any(ch.isdigit() for ch in line) else cells
+        return False, None
+
+    def _row(self, cells: List[str]) -> Tuple[Optional[float], List[Tuple[str, float]]]:
+        """One row of the markdown table being read: (its step or epoch, its values)."""
+        assert self.md is not None
+        vals, step, epoch = [], None, None
+        for name, cell in zip(self.md, cells):
+            try:
+                v = float(cell)
+            except ValueError:
+                continue  # "No log": HF's train loss before its first logging step
+            if name == "step":
+                step = v
+            elif name == "epoch":
+                epoch = v
+            elif name == "loss" and v == self.carried:
+                continue  # HF's card writes the last logged train loss into every eval row
+                # (logging_steps 500, an eval every 100): a repeat is no new log
+            else:
+                vals.append((name, v))
+                if name == "loss":
+                    self.carried = v
+        self.by_epoch = step is None
+        return (step if step is not None else epoch), vals
 
     def line(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]]]]:
         """Take one line: a row is kept, the closing rule gives the box's record (None until then)."""

@@ -262,3 +262,34 @@ def test_a_warmup_long_over_or_a_val_loss_back_from_a_rise_is_no_slow_start():
     # a val loss at the run's lowest over those evals is still a slow start
     rows = [dict(r, val_loss=2.2 - 0.02 * e) for e, r in enumerate(rows)]
     assert E.metric_stuck(run_of(rows), {})[0]["severity"] == "warn"
+
+
+def _flat_loss_rows(n, acc, val_loss=None):
+    # a loss at its first level (0.72 and its noise) from the start, an eval every 5 logs
+    rows = []
+    for i in range(n):
+        r = {"loss": 0.72 + 0.01 * math.sin(i * 1.7)}
+        if i % 5 == 4:
+            r["val_acc"] = acc(i // 5)
+            if val_loss:
+                r["val_loss"] = val_loss(i // 5)
+        rows.append(r)
+    return rows
+
+
+def test_a_flat_start_beside_evals_that_learned_nothing_is_no_learning():
+    # BertGCN at chance, a U-Net whose Dice never moves: the flat loss alone is the unsure row
+    # (WAIT), the evals flat beside it are the further evidence that makes it a STOP
+    v = judge(run_of(_flat_loss_rows(60, lambda e: 0.50 + 0.004 * math.sin(e * 2.3))))
+    assert stops(v) == ["no_learning"]
+    flat = v["findings"][0]["evidence"]["metrics_flat"]
+    assert list(flat) == ["val_acc"] and abs(flat["val_acc"][1] - 0.5) < 0.01
+
+
+def test_a_flat_start_with_an_eval_that_learned_or_too_few_evals_stays_unsure():
+    rising = judge(run_of(_flat_loss_rows(60, lambda e: 0.50 + 0.01 * e)))
+    falling_val_loss = judge(run_of(_flat_loss_rows(60, lambda e: 0.50 + 0.004 * math.sin(e * 2.3),
+                                                    lambda e: 0.9 - 0.01 * e)))
+    few = judge(run_of(_flat_loss_rows(30, lambda e: 0.50)))  # 6 evals
+    for v in (rising, falling_val_loss, few):
+        assert v["verdict"] == "WAIT" and v["findings"][0]["code"] == "flat_start", v["reason"]

@@ -79,7 +79,7 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
         # a short log's climb is judged once the run has ended: early in a running job, 3 rises
         # in its first logs are as often the volatile start of a long run (``rules_short``)
         findings.extend(S.short_climb(run, opts))
-    _confirm(run, opts, findings)
+    _confirm(run, opts, findings, final)
     _eval_veto(run, opts, findings)
     _plateau_veto(findings)
     if is_gan(run.series):
@@ -128,8 +128,15 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
     return out
 
 
-def _confirm(run: Run, opts: dict, findings: List[dict]) -> None:
-    todo = {TREND[f["code"]] for f in findings if f["severity"] == "stop" and f["code"] in TREND}
+# a loss level an ended run sits at: no later log can bring it back, so its last check needs no
+# second look at an earlier cut (YOLOv2's bbox loss 15 -> 760, 822 on the last two logs)
+ENDED_AT = ("divergence", "spike_unrecovered")
+
+
+def _confirm(run: Run, opts: dict, findings: List[dict], final: bool = False) -> None:
+    """A trend rule's STOP stands when the same rule also stopped ``k`` logs earlier; else a warn."""
+    todo = {TREND[f["code"]] for f in findings if f["severity"] == "stop" and f["code"] in TREND
+            and not (final and f["code"] in ENDED_AT)}
     if not todo:
         return
     main = run.main_loss()
@@ -145,7 +152,8 @@ def _confirm(run: Run, opts: dict, findings: List[dict]) -> None:
             if f["severity"] == "stop":
                 confirmed.add(f["code"])
     for f in findings:
-        if f["severity"] == "stop" and f["code"] in TREND and f["code"] not in confirmed:
+        if f["severity"] == "stop" and f["code"] in TREND and f["code"] not in confirmed and \
+                not (final and f["code"] in ENDED_AT):
             f["severity"] = "warn"
             f["evidence"]["unconfirmed"] = True  # type: ignore[index]
 

@@ -100,10 +100,20 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
                                dict({"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
                                      "last_finite": _last_finite(s)}, **({"bad_before_restart": carry} if carry else {})),
                                H.nonfinite(step, run.get("loss_scale") is not None), name))
+        elif streak == 1 and name in ("val_loss", "eval_loss") and s is not main and not _has_quality_metric(run):
+            # a held-out loss is a mean over a whole eval set, not one noisy batch: NaN or inf on the
+            # latest eval, with no accuracy / F1 / mAP beside it to say the model still works, is
+            # the last word on the model (TinyLlama's fp16 eval_loss nan, an SSD val loss of inf)
+            out.append(finding("nonfinite_loss", "stop", s.steps[-1], {"series": name, "count": 1, "held_out": True},
+                               H.nonfinite(s.steps[-1], run.get("loss_scale") is not None), name))
         elif streak == 1:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
                                H.nonfinite_one(name), name))
     return _witnessed(run, out)
+
+
+def _has_quality_metric(run: Run) -> bool:
+    return any(is_quality_metric(n) for n in run.series)
 
 
 def _metric_improved(run: Run, since: float) -> Optional[str]:

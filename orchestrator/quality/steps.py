@@ -168,9 +168,10 @@ EPOCH_HEADER = re.compile(r"(?:[^\n]*?[\s\-:|\]])?[Ee]poch\s*:?\s*\[?\s*(\d+)\s*
 # "Epoch [1/5], Step [100/600]" (the PyTorch tutorials), "[Epoch 0/30, Batch 323/1313]", MindYOLO's
 # "Epoch 1/200, Step 100/3995": a batch count out of the epoch's, after the epoch out of the run's
 # (or after a bare epoch: PPASR's "Train epoch: 0, batch: 750/34799"; OpenNMT-py's "Epoch  1,
-# 50/21692; acc: ...": the count alone after the epoch's comma)
+# 50/21692; acc: ...": the count alone after the epoch's comma; the PyTorch MNIST example's "Train
+# Epoch: 1 [640/60000 (1%)]": the count of samples alone in a bracket after the epoch)
 EPOCH_OF = re.compile(r"[Ee]poch\s*:?\s*\[?\s*(\d+)\s*(?:/\s*\d+\s*)?\]?\s*[,|\]]?\s*\[?\s*"
-                      r"(?:(?:[Bb]atch|[Ii]ter(?:ation)?|[Ss]tep|[Ii]t)\s*:?\s*\[?\s*|(?<=,)\s*)(\d+)\s*/\s*(\d+)")
+                      r"(?:(?:[Bb]atch|[Ii]ter(?:ation)?|[Ss]tep|[Ii]t)\s*:?\s*\[?\s*|(?<=,)\s*|(?<=\d \[))(\d+)\s*/\s*(\d+)")
 
 
 class BatchCounter:

@@ -171,6 +171,12 @@ KNOWN_EARLY = {
     # a train loss of 0.5109022054 on every log from step ~499 (the label's own why); its onset at
     # 1007 is conservative, the 8-log frozen rule stops at 899
     "pl_pendulum_v5_dead_constant_metrics.csv",
+    # one held-out loss non-finite with no accuracy or mAP beside it is a STOP on that eval: a speech
+    # fine-tune's eval_loss NaN at step 500 beside a WER of 0.99997 (its label waits for the train
+    # loss's 0.0 at 1000); Paddle's "test avg ppl: nan", read at its "Pass 0" though it follows the
+    # batch-500 NaN (the label's onset): the stop comes with the right line, its step is the pass
+    "dev15_tencentgamemate_chinese_speech_pretrain_i22_loss_0_eval_nan_wer_1.log",
+    "dev11_paddlepaddle_paddle_i11659_lm_multinode_loss_array_nan.log",
 }
 
 

@@ -74,13 +74,13 @@ def test_final_on_synthetic_runs_and_the_agent(tmp_path):
     # the resume gate's view is a cut with a future: never final, whatever the caller says
     assert check(str(m), {"final": True}, upto_step=300)["verdict"] == "WAIT"
     # healthy endings are never STOPped by the final word: a NaN healed before the end, an inf
-    # in the eval loss only, a clean run
+    # in the eval loss beside an eval accuracy that says the model works, a clean run
     for tail in ([(300, float("nan")), (301, _loss(301))], [], [(300, _loss(300))]):
         _healthy(m, 300, tail)
         v = check(str(m), final=True)
         assert v["verdict"] == "CONTINUE", (tail, v["reason"])
     with open(m, "a") as f:
-        f.write(json.dumps({"step": 301, "eval_loss": float("inf")}) + "\n")
+        f.write(json.dumps({"step": 301, "eval_loss": float("inf"), "eval_accuracy": 0.91}) + "\n")
     assert check(str(m), final=True)["verdict"] != "STOP"
 
     # the agent: a running job's check WAITs; the check after it ended records a final STOP and
@@ -134,3 +134,22 @@ def test_check_verb_judges_an_ended_job_as_final(tmp_path):
     assert got["train-j1"]["verdict"] == "WAIT" and got["train-j1"]["final"] is False
     assert got["train-j2"]["verdict"] == "STOP" and got["train-j2"]["final"] is True
     assert got["train-j2"]["job"]["state"] == "failed"
+
+
+def test_a_run_that_ended_at_a_diverged_level_stops(tmp_path):
+    # YOLOv2's total loss 11-16, then its bbox term blows it to 760 and 822 on the last two logs.
+    # Running, the divergence waits for a second look k logs later (the next logs may come back);
+    # ended, there is no later log: the job's last weights sit at 50x its level
+    vals = [11.044, 11.974, 12.925, 15.75, 16.09, 11.889, 14.579, 15.649, 37.384, 70.079, 15.072, 759.924, 822.332]
+    log = tmp_path / "yolo.jsonl"
+    log.write_text("".join(json.dumps({"step": 30 + 10 * i, "loss": v}) + "\n" for i, v in enumerate(vals)))
+    running = json.loads(_cli(str(log), "--json").output)
+    assert running["verdict"] == "WAIT"
+    assert [f["evidence"].get("unconfirmed") for f in running["findings"] if f["code"] == "divergence"] == [True]
+    ended = _cli(str(log), "--json", "--final")
+    assert ended.exit_code == 11, ended.output
+    assert json.loads(ended.output)["reason"].startswith("divergence")
+    # a healthy run that ended is untouched by it
+    healthy = tmp_path / "ok.jsonl"
+    _healthy(healthy, 200)
+    assert json.loads(_cli(str(healthy), "--json", "--final").output)["verdict"] == "CONTINUE"

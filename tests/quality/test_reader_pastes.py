@@ -130,3 +130,18 @@ def test_a_second_runs_bar_that_has_just_begun_is_a_restart(tmp_path):
     assert run.restarts
     assert "loss" not in run.series or len(run.series["loss"]) == 0
     assert run.series["eval_loss"].values[-1] == 0.137
+
+
+@pytest.mark.parametrize("epochs", [1, 5])  # 5 epochs: 475 lines, past the columnar readers' 4 KiB
+def test_the_pytorch_mnist_examples_sample_count_is_the_step_within_its_epoch(tmp_path, epochs):
+    # "Train Epoch: 1 [640/60000 (1%)]\tLoss: 0.563": read by its epoch alone, every batch of an
+    # epoch sat on one step, so no rule could see a trend or a streak within it
+    lines = []
+    for e in range(1, epochs + 1):
+        lines += ["Train Epoch: %d [%d/60000 (%d%%)]\tLoss: %.6f" % (e, b, 100 * b // 60000, 2.0 / (1 + e + b / 6e4))
+                  for b in range(0, 60000, 640)]
+        lines += ["", "Test set: Average loss: 0.%04d, Accuracy: 9%d00/10000 (9%d%%)" % (1000 // e, e, e), ""]
+    loss = _run(tmp_path, lines).series["loss"]
+    assert len(loss) == 94 * epochs
+    assert len(set(loss.steps)) >= 94 * epochs - epochs  # an epoch's first batch may share its step
+    assert list(loss.steps) == sorted(loss.steps) and loss.steps[1] == 640.0

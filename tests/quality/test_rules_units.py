@@ -277,6 +277,20 @@ def test_one_nan_line_stops_when_a_second_loss_witnesses_it():
     assert [f["series"] for f in v["findings"] if f["code"] == "nonfinite_loss"] == ["loss"]
 
 
+def test_one_nonfinite_eval_loss_stops_unless_a_metric_says_the_model_still_works():
+    # an eval loss is a mean over a whole eval set: its latest eval at nan or inf is no noisy batch
+    ok = [{"loss": v} for v in decaying(8)]
+    for bad in (math.nan, math.inf):
+        v = judge(run_of(ok + [{"loss": 0.5, "eval_loss": bad}]), {})
+        assert v["verdict"] == "STOP" and v["findings"][0]["evidence"]["held_out"] is True
+    # beside an accuracy or mAP the metric decides (YOLO's val losses nan while mAP rises): a warn
+    v = judge(run_of(ok + [{"loss": 0.5, "val_loss": math.nan, "val_acc": 0.8}]), {})
+    assert v["verdict"] == "WAIT" and "nonfinite_loss" in codes(v, ("warn",))
+    # an eval that came back finite: the lone NaN is history, not the model's state
+    v = judge(run_of(ok + [{"eval_loss": math.nan}, {"loss": 0.5, "eval_loss": 0.6}]), {})
+    assert "nonfinite_loss" not in codes(v)
+
+
 def test_a_loss_near_zero_beside_an_accuracy_far_from_100_is_a_masked_loss():
     base = [{"loss": v, "acc_seg": 85.0} for v in decaying(20)]
     # mmseg with every label ignored: 0.0000 beside 92% pixel accuracy on the same lines

@@ -46,6 +46,9 @@ EVAL_FROZEN = ("the eval loss is the same to every printed digit eval after eval
 METRIC_STUCK = ("the held-out metric has read the same value on every eval since the first: the model's predictions "
                 "on the eval set never changed (one class for every sample, or weights that are never updated). "
                 "Check the labels against the head, the LR (0, or far too high), frozen layers and the eval's model.")
+METRIC_COLLAPSE = ("a held-out metric fell to under half its best and reads one value eval after eval: the model "
+                   "now gives the same answer to every sample (one class, no box), as after a blow-up or a broken "
+                   "resume. Resume from the checkpoint of the best eval, at a lower LR.")
 SCALE_FLOOR = ("fp16's loss scale is at its floor and steps still overflow: every step is skipped, nothing trains. "
                "The loss or gradients exploded before scaling: resume from an earlier checkpoint with bf16, a lower "
                "LR or gradient clipping.")

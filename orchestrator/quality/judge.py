@@ -38,6 +38,7 @@ RULES: Dict[str, Callable] = {
     "spikes": R.spikes, "no_learning": F.no_learning, "eval": R.eval_regression,
     "lr": A.lr_schedule, "grad_norm": A.grad_norm, "throughput": A.throughput, "negative_loss": A.negative_loss,
     "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
+    "metric_collapse": Z.metric_collapse,
     "eval_frozen": E.eval_frozen, "metric_stuck": E.metric_stuck, "eval_acc_chance": E.eval_acc_chance,
     "overfit": E.overfit,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
@@ -60,7 +61,7 @@ GAN_VETO = ("divergence", "divergence_best", "level_shift", "spike_unrecovered")
 STOP_ORDER = {c: i for i, c in enumerate((
     "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck",
     "saturated_loss", "above_uniform", "frozen", "lr_invalid", "lr_zero", "nonfinite_grad", "level_shift",
-    "divergence_best", "eval_diverged", "metric_zero", "eval_frozen", "overfit", "no_learning"))}
+    "divergence_best", "eval_diverged", "metric_zero", "metric_collapse", "eval_frozen", "overfit", "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 
 

@@ -1,7 +1,8 @@
 """A loss collapsed to exactly 0 and a gradient that is non-finite or stopped (``loss_collapse``,
-``nonfinite_grad``), with the witnesses that tell a degenerate objective from a memorised or
-tiny loss printed as 0.0000: another loss term still moving, an RL or preference objective
-still learning (``objective_moving``), a GAN's hinge discriminator at 0 by design.
+``nonfinite_grad``) with the witnesses that tell a degenerate objective from a memorised or tiny
+loss printed as 0.0000: another loss term still moving, an RL or preference objective still
+learning (``objective_moving``), a GAN's hinge discriminator at 0 by design. And a held-out
+metric collapsed to one value (``metric_collapse``): a model that answers every sample alike.
 
 Same contract as ``rules.py``. One zero alone is no STOP while the run lives (a batch whose
 labels were all masked reads 0.0); two or more are judged, and so is one beside a NaN or zero
@@ -14,8 +15,9 @@ from bisect import bisect_left
 from typing import List
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import PROGRESS_WORDS, RL_WORDS, is_eval_side, is_gan, names_with
-from orchestrator.quality.rules import Finding, _trailing, finding
+from orchestrator.quality.roles import (PROGRESS_WORDS, RL_WORDS, as_fraction, is_eval_side, is_gan,
+                                        is_quality_metric, names_with)
+from orchestrator.quality.rules import Finding, _r, _trailing, finding
 from orchestrator.quality.series import Run, isfinite
 
 ZERO = 1e-12  # a loss this close to 0 is no loss at all
@@ -118,3 +120,35 @@ def terms_moving(run: Run, since: float) -> bool:
         if len(vals) >= 2:
             return True
     return False
+
+
+# a held-out metric's collapse: its last COLLAPSE_EVALS evals identical and at or under COLLAPSE_FRAC
+# of its best before them, a best of COLLAPSE_FLOOR or more (as a fraction)
+COLLAPSE_EVALS, COLLAPSE_FRAC, COLLAPSE_FLOOR = 3, 0.5, 0.2
+
+
+def metric_collapse(run: Run, opts: dict) -> List[Finding]:
+    """STOP when a held-out accuracy, mAP, IoU, F1... that reached ``COLLAPSE_FLOOR`` now reads one
+    value, under ``COLLAPSE_FRAC`` of that best, on its last ``COLLAPSE_EVALS`` evals (a CIFAR-10
+    net's test accuracy 72.3% -> 10.00%, 10.00%, 10.00%): a model that answers every sample alike.
+    A healthy run's dip moves from eval to eval as it recovers (YOLO's mAP 0.93 -> 0.06, 0.04,
+    0.03 and back); precision and recall trade against each other, so neither is judged alone."""
+    for name in run.series:
+        low = name.lower()
+        if not is_quality_metric(name) or "precision" in low or "recall" in low:
+            continue
+        m = run.series[name]
+        n = len(m)
+        if n <= COLLAPSE_EVALS:
+            continue
+        last = m.values[-1]
+        if not isfinite(last) or any(v != last for v in m.values[n - COLLAPSE_EVALS:]) or \
+                len(set(m.steps[n - COLLAPSE_EVALS:])) < COLLAPSE_EVALS:
+            continue
+        best = max((as_fraction(v) for v in m.values[:n - COLLAPSE_EVALS] if isfinite(v)), default=0.0)
+        if best >= COLLAPSE_FLOOR and as_fraction(last) <= COLLAPSE_FRAC * best:
+            return [finding("metric_collapse", "stop", m.steps[n - COLLAPSE_EVALS],
+                            {"series": name, "best": _r(best), "value": _r(as_fraction(last)),
+                             "equal_evals": COLLAPSE_EVALS},
+                            H.METRIC_COLLAPSE, name)]
+    return []

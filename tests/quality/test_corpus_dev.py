@@ -28,6 +28,10 @@ SAMPLES = 100
 # the STOP files the rules miss, each for a reason a rule could not take without STOPping healthy
 # runs too. Any other miss fails the test (a count would let a new miss hide behind a new catch).
 KNOWN_MISSES = {
+    # a loss of 0.0024 beside an accuracy of 0.918 (the class share; its AUC 0.505 is the real
+    # witness, and no rule reads an AUC): a masked loss needs 0.0000-0.0009 since a healthy
+    # relation-extraction loss (holdout34's ERICA) sits at 0.003 beside 91-96% by its scale
+    "dev10_aigc_apps_amformer_i3_acc_at_class_share_auc_0p5.log",
     # 6 lines whose LR is 0 from its first epoch of 210: its loss and LR (in a tqdm bar's
     # description) and "Average Loss (train)" are read, but 2 epochs are too few for the LR-0 rule
     "issue_vitpose_i9_lr_zero_after_first_epoch.log",

@@ -123,6 +123,11 @@ def test_a_loss_past_1e20_not_falling_is_absurd_whatever_it_started_at():
     assert "absurd_loss" in stops(judge(run_of(rows), {}))
     painn = [{"loss": 3.99e11, "val_loss": 0.9}, {"loss": 8.27e5, "val_loss": 0.8}, {"loss": 1.36e6, "val_loss": 2e7}]
     assert "absurd_loss" not in stops(judge(run_of(painn), {}))
+    # a paste of 4 logs, the blow-up at the second (gluoncv's SSD: 19.1, then 2.9e33, 1.9e33, 1.5e33
+    # falling): the start is the log before it, not the median of 5 logs that are mostly the blow-up
+    ssd = run_of([{"loss": v} for v in (19.147, 2.9e33, 1.94e33, 1.46e33)])
+    f = L.absurd_loss(ssd, {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["blew_up"] and f[0]["step"] == 1
 
 
 def test_an_ended_run_whose_last_loss_is_zero_straight_after_a_real_one_collapsed(tmp_path):
@@ -293,3 +298,18 @@ def test_a_flat_start_with_an_eval_that_learned_or_too_few_evals_stays_unsure():
     few = judge(run_of(_flat_loss_rows(30, lambda e: 0.50)))  # 6 evals
     for v in (rising, falling_val_loss, few):
         assert v["verdict"] == "WAIT" and v["findings"][0]["code"] == "flat_start", v["reason"]
+
+
+def test_a_held_out_metric_collapsed_to_one_value_is_a_stop_a_moving_dip_is_not():
+    # a CIFAR-10 net: test accuracy 72% for five epochs, then 10.00% three times (one class for all)
+    good = [60.67, 71.65, 72.22, 72.32, 71.14]
+    v = judge(run_of([{"test_acc": a} for a in good + [10.0, 10.0, 10.0]]), {})
+    assert stops(v) == ["metric_collapse"]
+    assert v["findings"][0]["evidence"]["value"] == 0.1 and v["findings"][0]["evidence"]["best"] == 0.7232
+    # two equal evals, a dip that still moves (YOLO's mAP 0.93 -> 0.06, 0.04, 0.03), a precision
+    # that trades against recall, a metric that never learned (0.15 at best): none is a collapse
+    for rows in ([{"test_acc": a} for a in good + [10.0, 10.0]],
+                 [{"map50": a} for a in (0.5, 0.8, 0.93, 0.062, 0.04, 0.034)],
+                 [{"val_precision": a} for a in (0.5, 0.8, 0.9, 0.2, 0.2, 0.2)],
+                 [{"val_acc": a} for a in (0.12, 0.15, 0.05, 0.05, 0.05)]):
+        assert "metric_collapse" not in stops(judge(run_of(rows), {}))

@@ -130,14 +130,19 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
 
 
 # a loss level an ended run sits at: no later log can bring it back, so its last check needs no
-# second look at an earlier cut (YOLOv2's bbox loss 15 -> 760, 822 on the last two logs)
+# second look at an earlier cut (YOLOv2's bbox loss 15 -> 760, 822 on the last two logs); nor does
+# a flat start whose held-out metrics learned nothing either (``rules_aux.metrics_flat``)
 ENDED_AT = ("divergence", "spike_unrecovered")
+
+
+def _ended_at(f: dict, final: bool) -> bool:
+    return final and (f["code"] in ENDED_AT or (f["code"] == "no_learning" and "metrics_flat" in f["evidence"]))
 
 
 def _confirm(run: Run, opts: dict, findings: List[dict], final: bool = False) -> None:
     """A trend rule's STOP stands when the same rule also stopped ``k`` logs earlier; else a warn."""
     todo = {TREND[f["code"]] for f in findings if f["severity"] == "stop" and f["code"] in TREND
-            and not (final and f["code"] in ENDED_AT)}
+            and not _ended_at(f, final)}
     if not todo:
         return
     main = run.main_loss()
@@ -154,7 +159,7 @@ def _confirm(run: Run, opts: dict, findings: List[dict], final: bool = False) ->
                 confirmed.add(f["code"])
     for f in findings:
         if f["severity"] == "stop" and f["code"] in TREND and f["code"] not in confirmed and \
-                not (final and f["code"] in ENDED_AT):
+                not _ended_at(f, final):
             f["severity"] = "warn"
             f["evidence"]["unconfirmed"] = True  # type: ignore[index]
 

@@ -291,6 +291,15 @@ def test_a_flat_start_beside_evals_that_learned_nothing_is_no_learning():
     assert list(flat) == ["val_acc"] and abs(flat["val_acc"][1] - 0.5) < 0.01
 
 
+def test_an_ended_flat_start_with_flat_evals_needs_no_second_look():
+    # at its 8th eval the STOP waits for the same rule on an earlier cut (7 evals there: none);
+    # a run that ended there has no later cut to wait for: its last word is the STOP
+    run = run_of(_flat_loss_rows(40, lambda e: 0.50 + 0.004 * math.sin(e * 2.3)))
+    running, ended = judge(run), judge(run, final=True)
+    assert running["verdict"] == "WAIT" and running["findings"][0]["evidence"].get("unconfirmed")
+    assert stops(ended) == ["no_learning"] and "metrics_flat" in ended["findings"][0]["evidence"]
+
+
 def test_a_flat_start_with_an_eval_that_learned_or_too_few_evals_stays_unsure():
     rising = judge(run_of(_flat_loss_rows(60, lambda e: 0.50 + 0.01 * e)))
     falling_val_loss = judge(run_of(_flat_loss_rows(60, lambda e: 0.50 + 0.004 * math.sin(e * 2.3),

@@ -24,6 +24,7 @@ from orchestrator.quality.tables import (Table, abort_record, bare_nonfinite_row
 from orchestrator.quality.tables_box import Box
 
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
+_DIGIT = re.compile(r"\d").search
 
 
 class LineParser:
@@ -117,8 +118,10 @@ class LineParser:
                 return None
             self.by_epoch = self.box.by_epoch and rec[0] is not None  # a row's epoch, as "Epoch 3 ..."
             return rec[0], rec[1], None
-        if c != "|" and "|" in line and "||" not in line:
-            taken, rec = self.box.bare(line)  # a markdown table without its outer pipes
+        if c != "|" and "|" in line and "||" not in line and (
+                self.box.md is not None or self.box.head is not None or not _DIGIT(line)):
+            taken, rec = self.box.bare(line)  # a markdown table without its outer pipes (a header
+            # has no digit: Megatron's "iteration 8/ 100 | lm loss: 3.3 |" lines never get here)
             if taken:
                 if rec is None or not rec[1]:
                     return None

@@ -171,7 +171,8 @@ EPOCH_HEADER = re.compile(r"(?:[^\n]*?[\s\-:|\]])?[Ee]poch\s*:?\s*\[?\s*(\d+)\s*
 # 50/21692; acc: ...": the count alone after the epoch's comma; the PyTorch MNIST example's "Train
 # Epoch: 1 [640/60000 (1%)]": the count of samples alone in a bracket after the epoch)
 EPOCH_OF = re.compile(r"[Ee]poch\s*:?\s*\[?\s*(\d+)\s*(?:/\s*\d+\s*)?\]?\s*[,|\]]?\s*\[?\s*"
-                      r"(?:(?:[Bb]atch|[Ii]ter(?:ation)?|[Ss]tep|[Ii]t)\s*:?\s*\[?\s*|(?<=,)\s*|(?<=\d \[))(\d+)\s*/\s*(\d+)")
+                      r"(?:(?:[Bb]atch|[Ii]ter(?:ation)?|[Ss]tep|[Ii]t)\s*:?\s*\[?\s*|(?<=,)\s*|(?<=\d \[))"
+                      r"(\d+)\s*/\s*(\d+)")
 
 
 class BatchCounter:

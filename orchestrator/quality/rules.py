@@ -87,7 +87,8 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             while streak >= 2 and k > 0 and len(s) - k < 100000 and not isfinite(vals[k - 1]):
                 k -= 1  # the onset is where the trailing run of NaN/Inf began
             step = s.steps[k]
-            better = _metric_improved(run, step)
+            better = _metric_improved(run, step) or (
+                name in ("val_loss", "eval_loss") and _metric_holds(run, main))
             if better:
                 # a loss NaN at every log while F1 rises 0.77 -> 0.89 (accuracy 0.31 -> 0.50): the
                 # loss's own computation overflows (fp16 eval, an empty batch, a logging mean over
@@ -110,6 +111,23 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
                                H.nonfinite_one(name), name))
     return _witnessed(run, out)
+
+
+def _metric_holds(run: Run, train: Optional[Series]) -> Optional[str]:
+    """A held-out quality metric whose latest eval is finite, at half its best or more and not
+    one value throughout, beside a train loss whose latest log is finite: the model still
+    predicts, only the held-out loss's own computation overflows (YOLO's val losses nan in its
+    first epochs under AMP, mAP rising). A metric frozen at one value proves nothing (TextGCN's
+    val_acc 0.19512 on every epoch beside its nan val loss)."""
+    if train is None or not len(train) or not isfinite(train.values[-1]):
+        return None
+    for name in run.series:
+        if not is_quality_metric(name):
+            continue
+        vals = [v for v in run.series[name].values if isfinite(v)]
+        if vals and vals[-1] > 0 and vals[-1] >= 0.5 * max(vals) and min(vals) != max(vals):
+            return name
+    return None
 
 
 def _has_quality_metric(run: Run) -> bool:

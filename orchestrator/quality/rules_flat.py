@@ -192,7 +192,9 @@ def _sig_digits(v: float) -> int:
 def _printed_digits(s: Series) -> int:
     """The significant digits the last value was printed with: a fixed-point print keeps its
     trailing zeros but the float read back does not ("loss = 0.5660" is 0.566), so the most
-    decimals among the recent values say how many were printed."""
+    decimals among the recent values say how many were printed. Values that all sit on a coarser
+    grid say less: a bf16 loss printed 4.275, 4.25, 4.225, 4.2 moves in steps of 0.025, so "4.2"
+    on 12 logs is 3 digits' worth of news, not 4."""
     last = s.values[-1]
     dec = 0
     for v in s.values[-20:]:
@@ -201,7 +203,24 @@ def _printed_digits(s: Series) -> int:
             dec = max(dec, len(r) - r.index(".") - 1)
     if not dec or not last:
         return _sig_digits(last)
-    return max(_sig_digits(last), dec + math.floor(math.log10(abs(last))) + 1)
+    digits = max(_sig_digits(last), dec + math.floor(math.log10(abs(last))) + 1)
+    grid = _grid_step(s.values[-50:])
+    if grid > 10.0 ** -dec * 1.5:
+        digits = min(digits, math.floor(math.log10(abs(last) / grid)) + 1)
+    return digits
+
+
+def _grid_step(vals) -> float:
+    """The step of a grid 4 or more distinct recent values all sit on (every gap a whole multiple
+    of the smallest: a quantized loss), else 0.0."""
+    d = sorted({v for v in vals if isfinite(v)})
+    if len(d) < 4:
+        return 0.0
+    gaps = [b - a for a, b in zip(d, d[1:])]
+    g = min(gaps)
+    if g <= 0 or any(abs(x / g - round(x / g)) > 0.01 for x in gaps):
+        return 0.0
+    return g
 
 
 def _print_frozen(s: Series) -> dict:

@@ -291,6 +291,32 @@ def test_one_nonfinite_eval_loss_stops_unless_a_metric_says_the_model_still_work
     assert "nonfinite_loss" not in codes(v)
 
 
+def test_a_nan_held_out_loss_beside_a_metric_that_still_works_is_a_warn():
+    # YOLO under AMP: val losses nan on the last evals while mAP moves near its best and the train
+    # loss is finite: the eval's loss overflows, the model predicts. A metric frozen at one value
+    # (TextGCN's val_acc 0.19512 on every epoch) or a train loss gone nan says nothing of the kind
+    ok = [{"loss": v} for v in decaying(8)]
+    evals = [{"loss": 0.5, "val_loss": math.nan, "map50": m} for m in (0.30, 0.34, 0.33)]
+    v = judge(run_of(ok + evals), {})
+    assert "nonfinite_loss" not in codes(v) and "nonfinite_loss" in codes(v, ("warn",))
+    frozen = [{"loss": 0.5, "val_loss": math.nan, "val_acc": 0.19512}] * 3
+    assert "nonfinite_loss" in codes(judge(run_of(ok + frozen), {}))
+    train_nan = [{"loss": math.nan, "val_loss": math.nan, "map50": m} for m in (0.34, 0.32, 0.30)]
+    assert "nonfinite_loss" in codes(judge(run_of(ok + train_nan), {}))
+
+
+def test_a_quantized_loss_on_its_grid_is_not_frozen():
+    # a bf16 loss printed 4.3, 4.275, 4.25, 4.225, then "4.2" on 12 logs: it moves in steps of
+    # 0.025, so 12 equal prints are 3 digits' worth of news, not a dead network
+    vals = [4.3, 4.3, 4.275, 4.25, 4.25, 4.25, 4.225, 4.225, 4.25, 4.225] + [4.2] * 12
+    r = run_of([{"loss": v} for v in vals])
+    assert not [f for f in F.frozen(r.get("loss"), r) if f["severity"] == "stop"]
+    # the same 12 prints after values that sit on no grid (0.5712, 0.5698, 0.5681, 0.5674): frozen
+    vals = [0.5712, 0.5698, 0.5681, 0.5674, 0.5669] + [0.566] * 12
+    r = run_of([{"loss": v} for v in vals])
+    assert [f for f in F.frozen(r.get("loss"), r) if f["severity"] == "stop"]
+
+
 def test_a_loss_near_zero_beside_an_accuracy_far_from_100_is_a_masked_loss():
     base = [{"loss": v, "acc_seg": 85.0} for v in decaying(20)]
     # mmseg with every label ignored: 0.0000 beside 92% pixel accuracy on the same lines

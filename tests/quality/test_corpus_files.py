@@ -24,7 +24,7 @@ EXPECTED = {"STOP", "NOT_STOP", "AMBIGUOUS"}
 NOT_DATA = {"labels.json", "README.md"}
 MAX_INDEX = 1 << 20  # labels.json and README.md of a split
 MAX_FILE = 300 * 1024
-MAX_TOTAL = 13 * 1024 * 1024  # dev and 35 holdouts of real logs: 11.5 MiB at holdout32, each new split kept under 250 KB
+MAX_TOTAL = 13 * 1024 * 1024  # dev and 38 holdouts of real logs: 12.4 MiB at holdout38; a next round needs room
 
 
 def _items(split: str) -> list:

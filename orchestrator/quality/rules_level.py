@@ -274,7 +274,7 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     k = n - 1
     while k > 0 and len(s) - k < 100000 and (not isfinite(s.values[k - 1]) or abs(s.values[k - 1]) >= limit):
         k -= 1
-    head = [abs(v) for v in s.values[:min(5, k) or 5] if isfinite(v)]  # (the logs before it: SSD's 19.1, 2.9e33)
+    head = [abs(v) for v in s.values[:min(5, k) or 5] if isfinite(v)]  # (before the blow-up: SSD's 19.1)
     # "blew up" = the run lived below the limit at its start (PINN losses can start at 1e12,
     # fall noisily through 1e6 and cross it again: that is the run's scale, not a blow-up)
     blew_up = k > 0 and bool(head) and median(head) < limit

@@ -383,7 +383,7 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
         if len(vals) <= patience:
             continue
         best = min(vals[:-patience], key=lambda x: sign * x)
-        slack = 0.10 * abs(best) if s is ev_loss else 0.0
+        slack = 0.10 * abs(best) if s is ev_loss else 0.01 * abs(best)  # (an accuracy within 1%: held)
         if s is ev_loss and best > 0 and min(vals) > 0:
             # and clear of 3 sigmas of the eval loss's recent noise: a val MSE swinging by x2-x7
             # from one eval to the next early on (9770, 69535, 3510, 27696) is 10% over its best

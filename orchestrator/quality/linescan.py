@@ -169,9 +169,8 @@ class OrderedScan:
         merging = run.merging
         last, first, planned, bar = run.last_step, run.first_step, run.planned_steps, src.bar_step
         explicit = src.explicit  # as LineSource: after a line with a step, stepless lines join it
-        # the total of the last bar if it ran to its end (else None), and of the bar of the last step
-        done_n, step_n = (src.bar_n if src.bar_done else None), src.step_n
-        bar_n = src.bar_n
+        # the totals of the last bar, of that bar if it ran to its end (else None), and of the step's bar
+        bar_n, done_n, step_n = src.bar_n, src.done_n, src.step_n
         parser = self.parser
         unsorted = False
         records = 0
@@ -331,4 +330,4 @@ class OrderedScan:
         run.records += records
         src.bar_step = bar
         src.explicit = explicit
-        src.bar_n, src.bar_done, src.step_n = bar_n, done_n is not None, step_n
+        src.bar_n, src.done_n, src.step_n = bar_n, done_n, step_n

@@ -62,7 +62,7 @@ class LineSource:
         self.scan = None
         self.bar_post: Optional[tuple] = None  # the last bar postfix read: a refresh repeats it
         self.bar_n: Optional[str] = None  # the total of the last bar read ("410" of "17/410")
-        self.bar_done = False  # ... and whether it ran to its end ("410/410")
+        self.done_n: Optional[str] = None  # ... when that bar ran to its end ("410/410"), else None
         self.step_n: Optional[str] = None  # the total of the bar whose count is the last step
 
     def poll(self, run: Run) -> str:
@@ -96,7 +96,7 @@ class LineSource:
         marks = run.marks()
         p = self.parser
         state = (run.last_step, run.first_step, run.records, run.planned_steps, self.bar_step, self.explicit,
-                 self.bar_post, self.bar_n, self.bar_done, self.step_n, p.keras_epoch, p.keras_epochs, p.keras_auto,
+                 self.bar_post, self.bar_n, self.done_n, self.step_n, p.keras_epoch, p.keras_epochs, p.keras_auto,
                  p.keras_last, p.per_epoch)
         rest = self.fast.take(text, run, marks)
         if rest is text:
@@ -132,7 +132,7 @@ class LineSource:
                     del run.series[name]
             run.__dict__.pop("_roles", None)
             (run.last_step, run.first_step, run.records, run.planned_steps, self.bar_step, self.explicit,
-             self.bar_post, self.bar_n, self.bar_done, self.step_n, p.keras_epoch, p.keras_epochs, p.keras_auto,
+             self.bar_post, self.bar_n, self.done_n, self.step_n, p.keras_epoch, p.keras_epochs, p.keras_auto,
              p.keras_last, p.per_epoch) = state
             self._slow(text, run)
 
@@ -181,7 +181,8 @@ class LineSource:
                 m = TQDM_STEP.search(line)
                 if m:
                     self.bar_step = bar_count(line, m, run, parser)
-                    self.bar_n, self.bar_done = m.group(2), m.group(1) == m.group(2)
+                    self.bar_n = m.group(2)
+                    self.done_n = self.bar_n if m.group(1) == self.bar_n else None
                     if m.group(1) == "0":
                         # a bar at 0 of N has run no batch: its running means are 0/0 (tqdm shows
                         # "total_loss=inf" before the first batch), not a measurement
@@ -196,7 +197,7 @@ class LineSource:
                 last = run.last_step
                 bar = self.bar_step
                 if bar is not None and (self.explicit != LINE or last is None or bar >= last) and \
-                        not other_loop(self.explicit, bar, self.bar_n if self.bar_done else None, self.step_n, last):
+                        not other_loop(self.explicit, bar, self.done_n, self.step_n, last):
                     step, self.bar_step = bar, None  # a bar that went backwards is a restart
                     self.explicit, self.step_n = self.explicit or BAR, self.bar_n
                 elif self.explicit and last is not None:

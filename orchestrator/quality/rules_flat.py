@@ -161,7 +161,8 @@ def frozen(s: Series, run: Optional[Run] = None) -> List[Finding]:
     ev = {"series": s.name, "value": _r(last), "equal_logs": k, "precise": precise}
     if precise and k >= FROZEN_LOGS:
         return [finding("frozen", "stop", s.steps[n - k], ev, H.FROZEN, s.name)]
-    digits = _printed_digits(s)
+    # (the print's digits only for a streak long enough for the shortest need: not on every check)
+    digits = _printed_digits(s) if not precise and k >= min(EXACT_FROZEN_STEPS.values()) else 0
     need = EXACT_FROZEN_STEPS.get(digits, 6)
     if not precise and k >= need and last >= LOW_LOSS and digits >= EXACT_DIGITS \
             and all(v == last for v in vals[n - k:]) and len(set(s.steps[n - k:])) >= need \

@@ -27,7 +27,7 @@ from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_level as L
 from orchestrator.quality import rules_short as S
 from orchestrator.quality import rules_zero as Z
-from orchestrator.quality.roles import RL_WORDS, is_gan, names_with
+from orchestrator.quality.roles import RL_WORDS, is_gan, is_objective, names_with
 from orchestrator.quality.series import Run, isfinite
 from orchestrator.quality.sources import Tracker, source_notes
 
@@ -58,6 +58,9 @@ EVAL_VETO = ("divergence", "divergence_best", "spike_unrecovered")
 # a GAN's two losses trade places while it learns (the discriminator's climbs as the generator gets
 # better): a rise in either is no divergence on its own; non-finite, collapse and x100 still stop
 GAN_VETO = ("divergence", "divergence_best", "level_shift", "spike_unrecovered")
+# ... and a loss known only by its formula's name ("mse", "l1" in a log that names no loss) may be
+# a metric beside an objective the log never prints: no trend of it stops a run on its own either
+OBJECTIVE_VETO = GAN_VETO + ("eval_diverged", "overfit")
 STOP_ORDER = {c: i for i, c in enumerate((
     "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck",
     "saturated_loss", "above_uniform", "frozen", "lr_invalid", "lr_zero", "nonfinite_grad", "level_shift",
@@ -83,11 +86,13 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
     _confirm(run, opts, findings, final)
     _eval_veto(run, opts, findings)
     _plateau_veto(findings)
-    if is_gan(run.series):
-        for f in findings:
-            if f["severity"] == "stop" and f["code"] in GAN_VETO:
+    gan = is_gan(run.series)
+    for f in findings:
+        if f["severity"] == "stop" and f["code"] in OBJECTIVE_VETO:
+            objective = is_objective(str(f.get("series") or ""))
+            if (gan and f["code"] in GAN_VETO) or objective:
                 f["severity"] = "warn"
-                f["evidence"]["gan"] = True  # type: ignore[index]
+                f["evidence"]["gan" if gan else "inferred_objective"] = True  # type: ignore[index]
     if final:
         _final_word(run, findings)
         _final_zero(run, findings)

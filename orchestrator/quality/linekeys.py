@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from orchestrator.quality.roles import objective_words
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import context_line
 from orchestrator.quality.tables import DARKNET
@@ -305,4 +306,4 @@ _KNOWN = set(SYNONYMS.values())
 def metricish(name: str) -> bool:
     """A key that makes its line a metrics line: a known series, a metric's word, or a BasicSR
     loss term ("l_pix", "l_g_gan": ``roles.role_of`` reads them as losses)."""
-    return name in _KNOWN or any(m in name for m in _METRICISH) or name[:2] == "l_"
+    return name in _KNOWN or any(m in name for m in _METRICISH) or name[:2] == "l_" or bool(objective_words(name))

@@ -45,6 +45,7 @@ class CsvSource:
             return "ok"
         self.cursor.offset += end + 1
         names = [SYNONYMS.get(h, h) for h in self.header]
+        run.meta["declared"] = tuple(names)  # every column, filled or not yet (``Run.get``)
         step_i = self.header.index("step") if "step" in self.header else -1
         epoch_i = self.header.index("epoch") if "epoch" in self.header else -1
         skip = {step_i, epoch_i}

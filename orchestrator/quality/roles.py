@@ -38,6 +38,27 @@ TOTAL = frozenset({"total", "overall", "sum", "all"})
 _COST_PLAIN = frozenset({"train", "training", "avg", "average", "mean", "total"}) | EVAL_WORDS
 NOT_A_RATE = frozenset({"min", "max", "init", "initial", "base", "peak", "warmup", "decay", "factor", "scale",
                         "scheduler", "finder", "steps"})
+# the objective named by its formula, as regression, super-resolution and detection trainers print
+# it ("mse: 0.0751", "[L1: 5.9633]", "Train-SmoothL1=nan"): the loss when the log names no loss, at
+# a rank behind every key that does (a regression run's "loss" beside its "mse" metric stays the loss)
+OBJECTIVE_WORDS = frozenset({"mse", "rmse", "mae", "l1", "smoothl1", "huber", "bce"})
+OBJECTIVE_RANK = 100.0
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+def is_objective(key: str) -> bool:
+    """True for a key that plays a loss role only by a formula's name (``mse``, ``train_l1``)."""
+    r = role_of(key)
+    return r is not None and r[1] >= OBJECTIVE_RANK
+
+
+def objective_words(key: str) -> set:
+    """The objective words of a key, token by token ("train-smoothl1" -> {"smoothl1"}; "cell1"
+    holds none: a substring test would read "l1" in it)."""
+    toks = set(_TOKEN.findall(key.lower()))
+    if "smooth" in toks and "l1" in toks:
+        toks.add("smoothl1")
+    return toks & OBJECTIVE_WORDS
 
 
 @lru_cache(maxsize=4096)
@@ -72,6 +93,11 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
         # "cross-entropy=" are its train loss when the log names no "loss")
         rest = words - PLAIN
         return "loss", len(rest) - (0.5 if words & TOTAL else 0.0)
+    if objective_words(key) and not words & NOT_A_LOSS:
+        side = "val_loss" if words & EVAL_WORDS else "loss"
+        # a linear error before a squared one (rmse before mse): the rules' thresholds are ratios,
+        # and a squared error's ratio is the square of its error's
+        return side, OBJECTIVE_RANK + float(len(words - PLAIN - EVAL_WORDS)) + (0.5 if "mse" in words else 0.0)
     if words & PPL_WORDS and not words & NOT_A_LOSS:
         return ("val_ppl" if words & EVAL_WORDS else "ppl"), float(len(words - PLAIN - EVAL_WORDS - PPL_WORDS))
     if words & NOT_A_RATE:

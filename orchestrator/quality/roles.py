@@ -52,6 +52,12 @@ def is_objective(key: str) -> bool:
     return r is not None and r[1] >= OBJECTIVE_RANK
 
 
+def declares(names, role: str) -> bool:
+    """True when a table's header ``names`` a loss word for ``role`` (Lightning's ``train_loss``,
+    empty until the epoch ends): ``train_MAE_step`` beside it is a metric, even before then."""
+    return any((role_of(h) or ("",))[0] == role and not is_objective(h) for h in names)
+
+
 def objective_words(key: str) -> set:
     """The objective words of a key, token by token ("train-smoothl1" -> {"smoothl1"}; "cell1"
     holds none: a substring test would read "l1" in it)."""

@@ -19,7 +19,7 @@ from itertools import islice
 from operator import gt
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from orchestrator.quality.roles import _FROM_PPL, ROLES, is_objective, role_of
+from orchestrator.quality.roles import _FROM_PPL, ROLES, declares, is_objective, role_of
 
 # canonical series name <- raw key (lowercase, stripped). Unknown keys keep their raw name.
 SYNONYMS: Dict[str, str] = {}
@@ -285,20 +285,15 @@ class Run:
         if s is not None and len(s):
             return s
         if name in ROLES:
-            for cand in self.by_role().get(name, ()):
-                s = self.series[cand]
-                if len(s) and not (is_objective(cand) and self._declares(name)):
-                    return s
-            if name in _FROM_PPL:
-                return self._from_ppl(name)
+            cands = [c for c in self.by_role().get(name, ()) if len(self.series[c])]
+            named = [c for c in cands if not is_objective(c)]
+            if named:
+                return self.series[named[0]]
+            d = self._from_ppl(name) if name in _FROM_PPL else None
+            if d is None and cands and not declares(self.meta.get("declared", ()), name):
+                d = self.series[cands[0]]  # a formula's name ("mse", "l1"): last, see ``roles``
+            return d
         return None
-
-    def _declares(self, role: str) -> bool:
-        """True when the table's header names a key that plays ``role`` by a loss word (Lightning's
-        ``train_loss`` column, empty until the epoch ends): a formula-named metric beside it
-        (``train_MAE_step``) is a metric, not the loss, even before the loss's first value."""
-        return any((role_of(h) or ("",))[0] == role and not is_objective(h)
-                   for h in self.meta.get("declared", ()))  # type: ignore[union-attr]
 
     def _from_ppl(self, role: str) -> Optional[Series]:
         """The loss of a log that prints only its perplexity (OpenNMT's ``ppl``, LSTM language

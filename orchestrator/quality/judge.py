@@ -76,6 +76,8 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
     ``final``: the run has ended, nothing will be logged after this (module docstring)."""
     opts = opts or {}
     final = bool(final or opts.get("final"))
+    if final and not opts.get("final"):
+        opts = dict(opts, final=True)  # the rules whose streak an ended run shortens read it here
     findings: List[dict] = []
     for fn in RULES.values():
         findings.extend(fn(run, opts))

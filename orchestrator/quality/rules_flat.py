@@ -31,6 +31,7 @@ NO_LEARNING_LOGS = 30  # ... and logs: 19 logs 500 steps apart are too few to ca
 # a cross-entropy loss starts at ln(K) >= ln 2 from a fresh init: flat below this from the first
 # log means the model was already good (a fine-tune of a converged checkpoint), not "no learning"
 LOW_LOSS = 0.5
+CHANCE_ENDED = 3  # logged steps at ln(K) for a run that ended there and never left it
 FLAT_MIN_POINTS = 13  # the judge's MIN_POINTS: a flat start is judged as soon as anything is
 FLAT_REL, PRECISE = math.log(1 / 0.98), 0.03  # "within 2%", resolved to 3% or better
 # 8 logs equal to 6 digits, and the value has more than 5 (a healthy run's longest exact repeat of
@@ -68,7 +69,7 @@ def no_learning(run: Run, opts: dict) -> List[Finding]:
     s = run.get("loss") or run.main_loss()
     if s is None or not len(s):
         return []
-    out = chance_stuck(s, run) or chance_eval(s, run) or saturated(s, run) or above_uniform(s, run) or frozen(s, run)
+    out = chance_stuck(s, run, bool(opts.get("final"))) or chance_eval(s, run) or saturated(s, run) or above_uniform(s, run) or frozen(s, run)
     if out and out[0]["severity"] == "stop":
         return out
     return out + flat_start(s, run)
@@ -343,9 +344,10 @@ def above_uniform(s: Series, run: Run) -> List[Finding]:
                      "logs_above": len(s) - k}, H.ABOVE_UNIFORM, s.name)]
 
 
-def chance_stuck(s: Series, run: Run) -> List[Finding]:
+def chance_stuck(s: Series, run: Run, ended: bool = False) -> List[Finding]:
     """The last logs sit within 0.15% of ln(K) over ``CHANCE_STEPS`` distinct steps: the model
-    outputs a uniform guess (0.6931 = ln 2 on every step; Caffe's 6.90776 = ln 1000)."""
+    outputs a uniform guess (0.6931 = ln 2 on every step; Caffe's 6.90776 = ln 1000). Over
+    ``CHANCE_ENDED`` when the run has ended there: every log it wrote was a uniform guess."""
     vals, steps = s.values, s.steps
     last = vals[-1]
     if not isfinite(last) or last <= 0:
@@ -360,7 +362,7 @@ def chance_stuck(s: Series, run: Run) -> List[Finding]:
     target = math.log(K)
     k, distinct = _streak_at(s, target, band)
     n = len(vals)
-    if distinct < CHANCE_STEPS:
+    if distinct < (CHANCE_ENDED if ended and k == n else CHANCE_STEPS):
         return []
     # a fresh classifier sits at ln(K) while its LR warms up from 0: a rising LR over the streak
     # makes it a warn (the same streak after the warmup is a STOP)

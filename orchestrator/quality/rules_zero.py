@@ -22,6 +22,9 @@ from orchestrator.quality.series import Run, isfinite
 
 ZERO = 1e-12  # a loss this close to 0 is no loss at all
 ZERO_START_LOGS = 5  # a fresh run's loss logged as exactly 0 this many times from its first log
+# ... or this many when the run has ended there: it never computed a loss in its whole life (an
+# LLM LoRA's "{'loss': 0.0}" on every log it wrote), and no later log can show the RL warmup's end
+ZERO_ENDED_LOGS = 2
 # a log that starts mid-run (a paste, a resumed run) may have memorised its data before: only
 # a longer run of zeros, all it shows, with no gradient flowing, says nothing is learned
 ZERO_SEEN_LOGS = 8
@@ -52,7 +55,8 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # loss starts at ln(K) or so; exactly 0 there is a label or loader bug ("Iteration Loss:
             # 0.000" from epoch 0 of a 2-class classifier). 5 logs: an RL warmup may log a few zeros;
             # a log that starts mid-run: 8 (detectron2's "total_loss: 0" on every log it shows)
-            start = zeros >= (ZERO_SEEN_LOGS if run.resumed else ZERO_START_LOGS) and zeros == len(tail) and (
+            need = ZERO_SEEN_LOGS if run.resumed else ZERO_ENDED_LOGS if opts.get("final") else ZERO_START_LOGS
+            start = zeros >= need and zeros == len(tail) and (
                 zeros == len(loss) or all(abs(v) <= ZERO for v in loss.values)) and not (
                 grad is not None and any(isfinite(v) and v > 0 for v in grad.values[-zeros:])) and not (
                 objective_moving(run, first)) and not (  # GRPO's loss is exactly 0 at first, by construction

@@ -153,3 +153,40 @@ def test_a_run_that_ended_at_a_diverged_level_stops(tmp_path):
     healthy = tmp_path / "ok.jsonl"
     _healthy(healthy, 200)
     assert json.loads(_cli(str(healthy), "--json", "--final").output)["verdict"] == "CONTINUE"
+
+
+def _lines(tmp_path: Path, lines, name="train.log"):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return Tracker([str(p)]).update()
+
+
+def test_an_ended_run_that_never_left_chance_is_a_stop_on_three_logs(tmp_path):
+    # glog's solver prints: 3 logs at ln(1000) and nothing else; while it runs that is a WAIT (5
+    # logged steps make a streak), once it has ended it is every log the run ever wrote
+    lines = ["I0127 08:5%d:57.6 37204 solver.cpp:68] Iteration %d, loss = %s" % (i, 100 + 20 * i, v)
+             for i, v in enumerate(("6.9063", "6.90727", "6.9073"))]
+    run = _lines(tmp_path, lines)
+    assert judge(run)["verdict"] == "WAIT"
+    out = judge(run, final=True)
+    assert out["verdict"] == "STOP" and out["findings"][0]["code"] == "chance_stuck"
+    # one log off ln K: it left chance once, the streak rule's 5 logs decide
+    lines[0] = lines[0].replace("6.9063", "7.5000")
+    assert judge(_lines(tmp_path, lines), final=True)["verdict"] != "STOP"
+
+
+def test_an_ended_run_that_logged_only_zero_losses_is_a_collapse(tmp_path):
+    lines = ["{'loss': 0.0, 'learning_rate': %s, 'epoch': %s}" % (7.8e-07 * (i + 1), 0.01 * (i + 1))
+             for i in range(2)]
+    run = _lines(tmp_path, lines)
+    assert judge(run)["verdict"] != "STOP"
+    out = judge(run, final=True)
+    assert out["verdict"] == "STOP" and out["findings"][0]["code"] == "loss_collapse"
+    assert out["findings"][0]["evidence"]["from_start"]
+
+
+def test_an_rl_run_that_ended_at_zero_loss_with_its_reward_moving_is_not(tmp_path):
+    # GRPO's loss is exactly 0 on its first logs by construction; its reward says it learns
+    lines = ["{'loss': 0.0, 'learning_rate': 1e-06, 'reward': %s, 'kl': 0.0, 'epoch': %s}"
+             % (0.2 + 0.1 * i, 0.01 * (i + 1)) for i in range(3)]
+    assert judge(_lines(tmp_path, lines), final=True)["verdict"] != "STOP"

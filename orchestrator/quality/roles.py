@@ -58,13 +58,14 @@ def declares(names, role: str) -> bool:
     return any((role_of(h) or ("",))[0] == role and not is_objective(h) for h in names)
 
 
-def objective_words(key: str) -> set:
+@lru_cache(maxsize=4096)
+def objective_words(key: str) -> frozenset:
     """The objective words of a key, token by token ("train-smoothl1" -> {"smoothl1"}; "cell1"
     holds none: a substring test would read "l1" in it)."""
     toks = set(_TOKEN.findall(key.lower()))
     if "smooth" in toks and "l1" in toks:
         toks.add("smoothl1")
-    return toks & OBJECTIVE_WORDS
+    return frozenset(toks & OBJECTIVE_WORDS)
 
 
 @lru_cache(maxsize=4096)

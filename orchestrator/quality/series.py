@@ -285,14 +285,15 @@ class Run:
         if s is not None and len(s):
             return s
         if name in ROLES:
-            cands = [c for c in self.by_role().get(name, ()) if len(self.series[c])]
-            named = [c for c in cands if not is_objective(c)]
-            if named:
-                return self.series[named[0]]
+            obj = None  # "mse", "l1": the loss of a log that names none, after all else (``roles``)
+            for cand in self.by_role().get(name, ()):  # (best first: a formula's name comes last)
+                s = self.series[cand]
+                if len(s):
+                    if not is_objective(cand):
+                        return s
+                    obj = obj or s
             d = self._from_ppl(name) if name in _FROM_PPL else None
-            if d is None and cands and not declares(self.meta.get("declared", ()), name):
-                d = self.series[cands[0]]  # a formula's name ("mse", "l1"): last, see ``roles``
-            return d
+            return obj if d is None and obj is not None and not declares(self.meta.get("declared", ()), name) else d
         return None
 
     def _from_ppl(self, role: str) -> Optional[Series]:
@@ -370,8 +371,7 @@ class Run:
 
 def _trailing_bad(vals: Sequence[float], lo: int) -> int:
     """How many of ``vals[lo:]`` at its end are NaN/Inf."""
-    n = len(vals)
-    k = n
+    n = k = len(vals)
     while k > lo and not isfinite(vals[k - 1]):
         k -= 1
     return n - k

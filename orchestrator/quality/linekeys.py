@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from orchestrator.quality.roles import is_quality_metric, objective_words
+from orchestrator.quality.roles import objective_words
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import context_line
 from orchestrator.quality.tables import DARKNET
@@ -303,13 +303,7 @@ def _key_of(seg: str) -> str:
 _KNOWN = set(SYNONYMS.values())
 
 
-# pycocotools' summary: "Average Precision (AP) @[ IoU=0.50:0.95 | area= all | maxDets=100 ] = 0.000":
-# its "IoU=0.50" names where AP was measured, not a metric of the run
-_COCO_HEAD = frozenset({"iou", "ap", "ar"})
-
-
 def metricish(name: str) -> bool:
     """A key that makes its line a metrics line: a known series, a metric's word, or a BasicSR
     loss term ("l_pix", "l_g_gan": ``roles.role_of`` reads them as losses)."""
-    return name in _KNOWN or any(m in name for m in _METRICISH) or name[:2] == "l_" or bool(objective_words(name)) \
-        or (name not in _COCO_HEAD and is_quality_metric(name))
+    return name in _KNOWN or any(m in name for m in _METRICISH) or name[:2] == "l_" or bool(objective_words(name))

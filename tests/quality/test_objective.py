@@ -99,15 +99,3 @@ def test_a_trend_alone_stops_only_a_loss_named_loss(tmp_path, key, stops):
         assert out["verdict"] == "WAIT"
         assert any(f["evidence"].get("inferred_objective") for f in out["findings"])
 
-
-def test_a_line_of_quality_metrics_alone_is_a_metrics_line(tmp_path):
-    # mmdet's eval line names no loss and no split word its reader knew: bbox_mAP is what it holds;
-    # pycocotools' summary beside it names "IoU=0.50" where AP was measured: no series of the run
-    lines = []
-    for e in (1, 2, 3):
-        lines += ["2021-12-04 23:54:58,418 - mmdet - INFO - Epoch(val) [%d][10]\tbbox_mAP: 0.%d000, "
-                  "bbox_mAP_50: 0.%d500, bbox_mAP_copypaste: 0.0 0.0" % (e, e, e),
-                  " Average Precision  (AP) @[ IoU=0.50      | area=   all | maxDets=1000 ] = 0.%d00" % e]
-    run = _run(tmp_path, lines)
-    assert list(run.series["bbox_map"].values) == [0.1, 0.2, 0.3]
-    assert "iou" not in run.series

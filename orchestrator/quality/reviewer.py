@@ -43,13 +43,18 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 #   slightly worse than the baseline but early: below_baseline at warn level, before half the run
 AMBIGUOUS = {"no_learning": "flat", "frozen": "flat", "flat_start": "flat", "spike": "noisy", "divergence": "noisy",
              "level_shift": "noisy", "divergence_best": "noisy", "eval_regression": "noisy",
-             "below_baseline": "baseline"}
+             "below_baseline": "baseline", "short_ended": "short"}
 AMBIGUOUS_STOP = ("no_learning",)  # the only STOP a reviewer may overrule: flat, nothing broken
 CLEAR_BAD = ("nonfinite_loss", "loss_collapse")  # any severity: NaN/Inf or a zero loss is never unsure
 EARLY = 0.5  # "early": before this fraction of the planned steps (or the plan is unknown)
 QUESTION = {"flat": "the loss is flat but not diverging: a plateau, or no learning at all?",
             "noisy": "the metrics are noisy and the trend is unclear",
-            "baseline": "slightly worse than the declared baseline, but the run is still early"}
+            "baseline": "slightly worse than the declared baseline, but the run is still early",
+            "short": "the run has ended after too few logged points for the rule-based trend tests: "
+                     "judge it from the values shown, failed or fine?"}
+# an ended run this short (and at least 2 points long) asks: its "not enough data" WAIT can never
+# resolve by waiting, so it is the seed's unsure row (a running job's short log just waits)
+SHORT_MIN = 2
 
 
 def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: int = 13) -> Optional[dict]:
@@ -60,8 +65,9 @@ def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: 
     finding at all (a clean CONTINUE; ``info`` findings never ask). Ambiguous: a ``no_learning``
     STOP or ``frozen`` (flat but not diverging), a ``spike``, a warn-level ``divergence`` or
     ``eval_regression`` (noisy, no clear trend), a warn-level ``below_baseline`` before half
-    the planned steps (slightly worse than the baseline but early)."""
-    if verdict.get("unreadable") or int(verdict.get("points") or 0) < min_points:
+    the planned steps (slightly worse than the baseline but early); and an ended run with fewer
+    points than the trend rules need (``short_ended``: the final check's WAIT)."""
+    if verdict.get("unreadable"):
         return None
     findings = verdict.get("findings") or []
     for f in findings:
@@ -69,6 +75,12 @@ def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: 
             return None
         if f.get("severity") == "stop" and f.get("code") not in AMBIGUOUS_STOP:
             return None
+    points = int(verdict.get("points") or 0)
+    if points < min_points:
+        if verdict.get("final") and points >= SHORT_MIN and verdict.get("verdict") == "WAIT":
+            return {"code": "short_ended", "severity": "warn", "step": verdict.get("last_step"), "series": "",
+                    "evidence": {"points": points, "needed": min_points}, "hint": ""}
+        return None
     last = verdict.get("last_step")
     early = not planned_steps or not isinstance(last, (int, float)) or last < EARLY * planned_steps
     for f in findings:

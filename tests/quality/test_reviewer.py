@@ -98,6 +98,33 @@ def test_ambiguity(findings, last, planned, want):
     assert RV.ambiguity(dict(v, unreadable=["gone"]), planned) is None
 
 
+def test_an_ended_short_run_asks_a_running_one_waits():
+    # too few points for the trend rules: a running job waits for more, an ended one never gets them
+    v = {"verdict": "WAIT", "findings": [], "points": 5, "last_step": 50, "unreadable": [], "final": True}
+    got = RV.ambiguity(v)
+    assert got["code"] == "short_ended" and got["evidence"] == {"points": 5, "needed": 13}
+    assert RV.ambiguity(dict(v, final=False)) is None
+    assert RV.ambiguity(dict(v, points=1)) is None                               # one point: nothing to judge
+    assert RV.ambiguity(dict(v, verdict="STOP", findings=[_f("chance_stuck", "stop")])) is None
+    assert RV.ambiguity(dict(v, findings=[_f("nonfinite_loss")])) is None         # NaN is never unsure
+
+
+def test_the_reviewer_judges_an_ended_short_climb(chat, tmp_path):
+    # 6 logs climbing 12 -> 18 (a Caffe SSD at a constant LR): the rules wait for 13 points; after
+    # the run ended, the reviewer is asked once, with every point, and its answer is the verdict
+    p = tmp_path / "short.log"
+    p.write_text("".join("Iteration %d, loss = %s\n" % (100 * i, v)
+                         for i, v in enumerate(("12.1", "12.9", "13.5", "14.4", "16.3", "18.3"))))
+    run = Tracker([str(p)]).update()
+    chat.answer = "STOP"
+    assert judge(run, _opts(chat))["verdict"] == "WAIT" and chat.received == []   # still running
+    v = judge(run, _opts(chat), final=True)
+    assert v["verdict"] == "STOP" and v["reviewer"]["in_doubt"] == "short_ended"
+    prompt = chat.received[0]["body"]["messages"][-1]["content"]
+    assert "500: 18.3" in prompt and "0: 12.1" in prompt and "too few logged points" in prompt
+    assert len(chat.received) == 1
+
+
 @pytest.mark.parametrize("text,want", [
     ("STOP", "STOP"), ("continue", "CONTINUE"), (" Wait.\n", "WAIT"), ("**STOP**", "STOP"), ('"CONTINUE!"', "CONTINUE"),
     ("STOP CONTINUE", "WAIT"), ("I think you should STOP", "WAIT"), ("", "WAIT"), ("STOPPED", "WAIT"),

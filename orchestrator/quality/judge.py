@@ -94,7 +94,7 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
             objective = is_objective(str(f.get("series") or ""))
             if (gan and f["code"] in GAN_VETO) or objective:
                 f["severity"] = "warn"
-                f["evidence"]["gan" if gan else "inferred_objective"] = True  # type: ignore[index]
+                f["evidence"]["inferred_objective" if objective else "gan"] = True  # type: ignore[index]
     if final:
         _final_word(run, findings)
         _final_zero(run, findings)

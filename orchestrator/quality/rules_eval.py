@@ -23,6 +23,7 @@ from orchestrator.quality.series import Run, Series, isfinite, median
 
 # a loss at chance, ln(K) (``rules_flat.chance_stuck`` for the train loss, ``chance_eval`` here)
 CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
+CHANCE_ENDED = 3  # ... or 3 for a run that ended there and never left it (``rules_flat.chance_stuck``)
 # an eval loss within 1e-5 (relative) of ln(K): the loss of exactly uniform probabilities, to float32
 # precision; a healthy eval loss drifting past ln(K) is not pinned there for 5 evals in a row
 CHANCE_PINNED, CHANCE_TRAIN_BAND = 1e-5, 0.05

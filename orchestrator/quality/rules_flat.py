@@ -22,8 +22,8 @@ from orchestrator.quality.roles import PPL_WORDS, accuracy_names, as_fraction, i
 from orchestrator.quality.rules import Finding, _num, _r, finding, point_noise
 from orchestrator.quality.rules_aux import metrics_flat
 from orchestrator.quality.rules_zero import objective_moving, terms_moving
-from orchestrator.quality.rules_eval import (CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_STEPS, chance_eval, lr_annealed,
-                                             lr_warming)
+from orchestrator.quality.rules_eval import (CHANCE_ACC_BAND, CHANCE_BAND, CHANCE_ENDED, CHANCE_STEPS, chance_eval,
+                                             lr_annealed, lr_warming)
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 NO_LEARNING_SPAN = 3000  # steps after which an unmoved loss is "no learning"
@@ -31,7 +31,6 @@ NO_LEARNING_LOGS = 30  # ... and logs: 19 logs 500 steps apart are too few to ca
 # a cross-entropy loss starts at ln(K) >= ln 2 from a fresh init: flat below this from the first
 # log means the model was already good (a fine-tune of a converged checkpoint), not "no learning"
 LOW_LOSS = 0.5
-CHANCE_ENDED = 3  # logged steps at ln(K) for a run that ended there and never left it
 FLAT_MIN_POINTS = 13  # the judge's MIN_POINTS: a flat start is judged as soon as anything is
 FLAT_REL, PRECISE = math.log(1 / 0.98), 0.03  # "within 2%", resolved to 3% or better
 # 8 logs equal to 6 digits, and the value has more than 5 (a healthy run's longest exact repeat of
@@ -69,7 +68,8 @@ def no_learning(run: Run, opts: dict) -> List[Finding]:
     s = run.get("loss") or run.main_loss()
     if s is None or not len(s):
         return []
-    out = chance_stuck(s, run, bool(opts.get("final"))) or chance_eval(s, run) or saturated(s, run) or above_uniform(s, run) or frozen(s, run)
+    out = chance_stuck(s, run, bool(opts.get("final"))) or chance_eval(s, run) or saturated(s, run) or \
+        above_uniform(s, run) or frozen(s, run)
     if out and out[0]["severity"] == "stop":
         return out
     return out + flat_start(s, run)

@@ -161,7 +161,7 @@ def _confirm(run: Run, opts: dict, findings: List[dict], final: bool = False) ->
         earlier = run.upto(main.steps[n - k - 1])  # type: ignore[union-attr]
     confirmed = set()
     for name in todo:
-        for f in RULES[name](earlier, opts):
+        for f in RULES[name](earlier, dict(opts, final=False)):  # (an earlier cut has not ended)
             if f["severity"] == "stop":
                 confirmed.add(f["code"])
     for f in findings:

@@ -204,9 +204,17 @@ class Daemon:
             pass
 
     def _pause(self, seconds: float) -> None:
-        """Sleep, but wake for a stop request (a signal handler sets it)."""
+        """Sleep, but wake for a stop request (a signal handler sets it), or as soon as a disk
+        that ``statvfs`` showed full has room again: the jobs that ended meanwhile are recorded
+        then, not at the end of a backoff of up to 4 s that a briefly freed disk may not outlast.
+        A write that fails while ``statvfs`` shows room (a quota) keeps the whole backoff."""
         end = time.time() + seconds
+        seen_full = False
         while not self.stop and time.time() < end:
+            full = diskfull.full_free(self.state_dir) is not None
+            if seen_full and not full:
+                return
+            seen_full = seen_full or full
             time.sleep(min(0.1, max(0.0, end - time.time())))
 
     def _notify(self, config: dict, event: dict) -> None:

@@ -232,3 +232,22 @@ def test_the_wrapper_holds_its_code_until_there_is_room_and_a_timeout_spares_it(
     finally:
         if wrap.poll() is None:
             wrap.kill()
+
+
+def test_a_backoff_on_a_full_disk_ends_as_soon_as_the_disk_has_room(disk):
+    """The daemon's pause between passes on a full disk grows to 4 s; a disk freed meanwhile
+    ends it within a poll, so the jobs that ended are recorded in a short free window (a disk
+    filled and freed every second kept them "running" for the whole chaos run). A failure
+    that ``statvfs`` does not show (a quota: room, yet writes fail) keeps the whole pause."""
+    import threading
+
+    from orchestrator.agent.daemon import Daemon
+    d = Daemon(str(disk.path), "unused.pyz", "b-pause")
+    disk.fill()
+    threading.Timer(0.5, disk.free).start()
+    t0 = time.monotonic()
+    d._pause(4.0)
+    assert 0.4 < time.monotonic() - t0 < 2.0, "woke when the disk had room, not after 4 s"
+    t0 = time.monotonic()
+    d._pause(1.0)                     # never full during this pause: the backoff is kept whole
+    assert time.monotonic() - t0 >= 0.95

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.store import TABLE_COLS, Store
-from rigs.agents import gpurun
+from rigs.agents import gpurun, status_json
 
 
 def _env(**extra: str) -> dict:
@@ -28,11 +28,17 @@ def _env(**extra: str) -> dict:
 
 @pytest.fixture
 def backlog(home: Path, tmp_path: Path) -> Path:
-    """``local`` with one finished job, then 60 rows as a long day leaves them: queued, failed with
-    a class and a verdict, succeeded but judged STOP, on GPUs; long paths and env like real jobs."""
+    """``local`` with one running job, then 60 rows as a long day leaves them: queued, failed with
+    a class and a verdict, succeeded but judged STOP, on GPUs; long paths and env like real jobs.
+    The running job holds the host's one slot, so the daemon starts none of the queued rows
+    between two reads (it did under load, and a read saw one row fewer queued)."""
     q = tmp_path / "q.txt"
-    q.write_text("[name=first] true\n")
-    assert gpurun("queue", "submit", str(q), "--wait").returncode == 0
+    q.write_text("[name=first] sleep 300\n")
+    assert gpurun("queue", "submit", str(q)).returncode == 0
+    deadline = time.time() + 30
+    while status_json()["jobs"][0]["state"] != "running":
+        assert time.time() < deadline, "the first job did not start"
+        time.sleep(0.2)
     from orchestrator import paths
     db = paths.local_state_dir("local") / "gpurun.db"
     store = Store(str(db))
@@ -69,7 +75,7 @@ def test_table_view_carries_the_table_columns_with_the_same_values(backlog, monk
     assert len(full) == len(table) == 61
     assert all(tuple(r) == TABLE_COLS for r in table)
     assert table == [{k: j[k] for k in TABLE_COLS} for j in full]    # same values, decoded alike
-    assert {r["state"] for r in table} == {"queued", "failed", "succeeded"}
+    assert {r["state"] for r in table} == {"running", "queued", "failed", "succeeded"}
     assert any(r["quality"] and r["quality"]["verdict"] == "STOP" for r in table)
     # a fifth or so of the bytes: no paths, command, env, hints
     assert len(json.dumps(table)) < 0.4 * len(json.dumps(full)), (len(json.dumps(table)), len(json.dumps(full)))
@@ -86,7 +92,7 @@ def test_status_on_a_terminal_draws_without_importing_rich(backlog):
     imported = {ln.rsplit("|", 1)[-1].strip() for ln in res.stderr.splitlines() if ln.startswith("import time:")}
     assert "orchestrator.cli.render" in imported and not {m for m in imported if m.split(".")[0] == "rich"}
     lines = res.stdout.splitlines()
-    assert lines[0] == "\x1b[1mqueue on local: 20 failed, 20 queued, 21 succeeded; 20 judged STOP\x1b[0m"
+    assert lines[0] == "\x1b[1mqueue on local: 20 failed, 20 queued, 1 running, 20 succeeded; 20 judged STOP\x1b[0m"
     assert "\x1b[32msucceeded\x1b[0m" in res.stdout and "\x1b[1;31mSTOP    \x1b[0m" in res.stdout  # CONTINUE sets the width
     assert all(len(ln) <= 100 + 40 for ln in lines)                  # fitted (colour codes aside)
 

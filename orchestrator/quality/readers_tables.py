@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from orchestrator.quality.cursor import FileCursor
 from orchestrator.quality.series import SYNONYMS, Run
@@ -164,6 +164,22 @@ class WholeDocSource:
         self.new_sig = sig
         return None
 
+    def _doc(self, what: str, salvage: Optional[Callable[[str], Any]] = None) -> Any:
+        """The document parsed (stdlib json takes the NaN/Infinity tokens trainers write); a
+        document nested past Python's limit is none of these (``what`` names what it is not),
+        and a truncated one is whatever ``salvage`` makes of its text."""
+        with open(self.path, "r", encoding="utf-8") as f:
+            text = f.read()
+        try:
+            return json.loads(text)
+        except RecursionError:
+            raise ValueError("%s: JSON nested too deeply (not %s)" % (self.path, what)) from None
+        except ValueError:
+            doc = salvage(text) if salvage is not None else None
+            if doc is None:
+                raise
+            return doc
+
     def state(self) -> dict:
         return {"sig": list(self.sig) if self.sig else None}
 
@@ -177,16 +193,7 @@ class TrainerStateSource(WholeDocSource):
         said = self._changed(run)
         if said is not None:
             return said
-        with open(self.path, "r", encoding="utf-8") as f:
-            text = f.read()
-        try:
-            doc = json.loads(text)  # stdlib json accepts the NaN/Infinity tokens HF writes
-        except RecursionError:  # nested past Python's limit: no trainer_state is
-            raise ValueError("%s: JSON nested too deeply (not a trainer_state.json)" % self.path) from None
-        except ValueError:
-            doc = _salvage(text)
-            if doc is None:
-                raise
+        doc = self._doc("a trainer_state.json", _salvage)
         if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
             raise ValueError("%s: no 'log_history' list (not a trainer_state.json)" % self.path)
         self.sig = self.new_sig
@@ -230,12 +237,7 @@ class HistorySource(WholeDocSource):
         said = self._changed(run)
         if said is not None:
             return said
-        with open(self.path, "r", encoding="utf-8") as f:
-            try:
-                doc = json.load(f)
-            except RecursionError:
-                raise ValueError("%s: JSON nested too deeply (not a training history)" % self.path) from None
-        cols = history_columns(doc)
+        cols = history_columns(self._doc("a training history"))
         if cols is None:
             raise ValueError("%s: not a JSON object of per-epoch lists (a training history)" % self.path)
         self.sig = self.new_sig

@@ -135,8 +135,8 @@ def blocker(runs: Path, gate: Path, name: str = "blocker") -> str:
     return f"[name={name}] echo $(id -un) >> {runs}/{name}.runs; while [ ! -e {gate} ]; do sleep 0.05; done"
 
 
-def wait_until(pred, what: str, timeout: float = 90) -> None:
-    rigs_wait_until(pred, what, timeout, detail=lambda: _last)
+def wait_until(pred, what: str, timeout: float = 90, every: float = 0.2) -> None:
+    rigs_wait_until(pred, what, timeout, every, detail=lambda: _last)
 
 
 def check_once(ids: dict[str, str], *, finished: bool) -> dict[str, str]:
@@ -228,12 +228,20 @@ def test_killing_the_controller_mid_rebalance_never_loses_or_doubles_a_job(fleet
     fleet_of((1, 1, 1))
     members = [get_host(n) for n in NAMES]
     gate = runs / "gate"
-    # each try moves 2-3 jobs (the killed run, then the balance that finishes it): enough queue
-    # for every try to find work to move, or its crash step is never reached
-    names = [f"c{i:03d}" for i in range(150)]
-    ids = submit("box0", [blocker(runs, gate)] + [quick(runs, n, 0.05) for n in names])
+    ids = submit("box0", [blocker(runs, gate)] + _more_jobs(runs, 0))
     with one_login_per_box():
         _chaos(members, runs, gate, ids)
+
+
+# each try moves 2-4 jobs (the killed run, then the balance that finishes it): box0 keeps at
+# least TOP_UP_AT queued, or a try's crash step is never reached. Topped up as it goes rather
+# than 150 at the start: the jobs left when the gate opens run one at a time on box0 (about
+# 60 ms each), and a long chaos run (GPURUN_CHAOS_KILLS=100) never runs out
+TOP_UP_AT, TOP_UP = 16, 24
+
+
+def _more_jobs(runs: Path, first: int) -> list[str]:
+    return [quick(runs, f"c{i:03d}", 0.05) for i in range(first, first + TOP_UP)]
 
 
 def _chaos(members: list[dict], runs: Path, gate: Path, ids: dict[str, str]) -> None:
@@ -269,11 +277,13 @@ def _chaos(members: list[dict], runs: Path, gate: Path, ids: dict[str, str]) -> 
         assert not rep.errors and not rep.ran_on_both, rep
         finished += len(rep.finished)
         check_once(ids, finished=False)
+        queued = sum(r["state"] == "queued" for r in rows("box0"))
+        if queued < TOP_UP_AT:
+            ids.update(submit("box0", _more_jobs(runs, len(ids))))
         # the next try must find work to move, or its crash step is never reached (on a quiet
         # machine the moved jobs of 0.05 s are done by then; under load, wait for them)
-        if any(r["state"] == "queued" for r in rows("box0")):
-            wait_until(lambda: not any(r["state"] in ("queued", "running") for h in ("box1", "box2")
-                                       for r in rows(h)), "box1 and box2 to drain", timeout=20)
+        wait_until(lambda: not any(r["state"] in ("queued", "running") for h in ("box1", "box2")
+                                   for r in rows(h)), "box1 and box2 to drain", timeout=20, every=0.05)
     assert kills >= want, (kills, tries)
     chaos_s = time.monotonic() - started
     print(f"chaos: {kills} kills in {tries} runs, {finished} moves finished after a kill, {chaos_s:.1f} s")

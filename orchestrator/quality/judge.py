@@ -1,8 +1,10 @@
 """The verdict: run every rule, confirm trend STOPs, aggregate into STOP / CONTINUE / WAIT.
 
-Trend rules (divergence, plateau, eval regression, ...) STOP only when they also STOP on
-the run cut a few logs earlier: the "two consecutive checks" confirmation, made stateless so
-a one-shot ``gpurun check`` and the agent's periodic check agree. Non-finite loss and
+Trend rules (unrecovered spikes, plateau, eval regression, ...) STOP only when they also STOP
+on the run cut a few logs earlier: the "two consecutive checks" confirmation, made stateless so
+a one-shot ``gpurun check`` and the agent's periodic check agree. The window ratio of
+``divergence`` only warns while a run goes on (a climb STOPs as ``divergence_best`` or
+``level_shift``) and STOPs an ended run. Non-finite loss and
 collapse stop at once. An unreadable source is WAIT, never STOP.
 
 ``final``: the run has ended (the agent's check after a job ends, ``gpurun check --final``, a
@@ -46,7 +48,8 @@ RULES: Dict[str, Callable] = {
     "worsening": S.worsening, "short_shift": S.short_shift,
 }
 # finding code -> rule that produced it, for codes whose STOP needs confirmation
-TREND = {"divergence": "divergence", "spike_unrecovered": "spikes", "no_learning": "no_learning",
+# (a divergence STOPs only once the run has ended, ``rules.divergence``: its last word needs none)
+TREND = {"spike_unrecovered": "spikes", "no_learning": "no_learning",
          "eval_regression": "eval", "below_baseline": "eval", "grad_explosion": "grad_norm",
          "grad_vanishing": "grad_norm", "negative_loss": "negative_loss"}
 # level_shift / divergence_best need no second look: the rule itself asks for 2 whole blocks above

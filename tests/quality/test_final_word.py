@@ -138,14 +138,16 @@ def test_check_verb_judges_an_ended_job_as_final(tmp_path):
 
 def test_a_run_that_ended_at_a_diverged_level_stops(tmp_path):
     # YOLOv2's total loss 11-16, then its bbox term blows it to 760 and 822 on the last two logs.
-    # Running, the divergence waits for a second look k logs later (the next logs may come back);
-    # ended, there is no later log: the job's last weights sit at 50x its level
+    # Running, the divergence is a warn (the next logs may come back, and a rise that stays is
+    # level_shift's or divergence_best's); ended, there is no later log: the job's last weights
+    # sit at 50x its level
     vals = [11.044, 11.974, 12.925, 15.75, 16.09, 11.889, 14.579, 15.649, 37.384, 70.079, 15.072, 759.924, 822.332]
     log = tmp_path / "yolo.jsonl"
     log.write_text("".join(json.dumps({"step": 30 + 10 * i, "loss": v}) + "\n" for i, v in enumerate(vals)))
     running = json.loads(_cli(str(log), "--json").output)
     assert running["verdict"] == "WAIT"
-    assert [f["evidence"].get("unconfirmed") for f in running["findings"] if f["code"] == "divergence"] == [True]
+    assert [(f["severity"], f["evidence"].get("running")) for f in running["findings"]
+            if f["code"] == "divergence"] == [("warn", True)]
     ended = _cli(str(log), "--json", "--final")
     assert ended.exit_code == 11, ended.output
     assert json.loads(ended.output)["reason"].startswith("divergence")

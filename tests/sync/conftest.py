@@ -14,9 +14,11 @@ from rigs.agents import kill_agents_under
 
 @pytest.fixture
 def training_box(ssh_host: dict):
-    """(host entry, job id, workdir): a job running on the SSH box with a finished 200 MB
-    checkpoint (size via GPURUN_TEST_CKPT_MB) and a log that is still growing."""
-    mb = int(os.environ.get("GPURUN_TEST_CKPT_MB", "200"))
+    """(host entry, job id, workdir): a job running on the SSH box with a finished 96 MB
+    checkpoint (size via GPURUN_TEST_CKPT_MB) and a log that is still growing. 96 MB is over
+    ``sync.engine.BATCH_FILE_MAX`` (64 MiB), so it streams alone as a large file does (200 MB
+    before: every pull, re-hash and re-pull of it took twice as long, proving nothing more)."""
+    mb = int(os.environ.get("GPURUN_TEST_CKPT_MB", "96"))
     work = Path(ssh_host["workdir"])
     work.mkdir(parents=True, exist_ok=True)
     user = ssh_host["ssh"]["user"]

@@ -34,7 +34,7 @@ def test_pull_while_training_then_gate(training_box, tmp_path: Path):
 
     summary = pull_json(host["name"], dest)
     (row,) = summary["jobs"]
-    assert "ssh-stream" in summary["method"].split(" + ") and not summary["done"]  # the 200 MB file streamed
+    assert "ssh-stream" in summary["method"].split(" + ") and not summary["done"]  # the large (96 MB) file streamed
     assert row["state"] == "running" and row["verified"] and not row["complete"]
     local_ckpt = jobdir / "checkpoints" / "model-100.safetensors"
     assert sha(local_ckpt) == sha(remote_ckpt)

@@ -174,6 +174,7 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
     done = True
     if man.get("jobs"):
         record_dest(host, dest)
+        getattr(fetcher, "expect", lambda n: None)(len(man["jobs"]))   # sync/sshmux: one login for them all
     for job in man.get("jobs", []):
         root = job_root(dest / job_dir_name(host), job["id"], job.get("name"))
         res: JobPull = pull_job(job, root, fetcher, policy, host=host, progress=progress, rehash=rehash,

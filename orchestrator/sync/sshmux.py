@@ -3,8 +3,9 @@
 A pull runs one or two rsyncs per job (``RsyncFetcher.fetch_tree``, one per source folder),
 and each used to open its own SSH connection: a key exchange and a login every time, about
 0.4 s on a loopback box and several round trips on a far one, so a pass over 12 jobs spent
-most of its time shaking hands. ``MuxRsyncFetcher`` starts a master connection beside its
-first rsync; the ones after it open a session on the master (a few ms) instead. A large
+most of its time shaking hands. ``MuxRsyncFetcher``, told that a pass holds two jobs or more,
+starts a master connection beside its first rsync; the ones after it open a session on the
+master (a few ms) instead. A large
 file's ssh stream (``sync.stream``, maybe several in parallel to fill a long link) keeps
 connections of its own.
 
@@ -122,11 +123,18 @@ class _Master:
 
 
 class MuxRsyncFetcher(RsyncFetcher):
-    """``RsyncFetcher`` whose rsyncs share one SSH connection; ``close()`` it after the pass."""
+    """``RsyncFetcher`` whose rsyncs share one SSH connection once ``expect`` is told of two
+    jobs or more (a pass over one job, or one file re-pulled before ``down``, would pay for a
+    master's login and gain little); ``close()`` it after the pass."""
 
     def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "", **kw: Any):
         super().__init__(ssh_argv, target, **kw)
-        self._mux = SshMux(ssh_argv or [], target) if SshMux.usable(ssh_argv) else None
+        self._mux: Optional[SshMux] = None
+
+    def expect(self, jobs: int) -> None:
+        """How many jobs this pass is about to pull."""
+        if self._mux is None and jobs >= 2 and SshMux.usable(self.ssh_argv):
+            self._mux = SshMux(self.ssh_argv or [], self.target)
 
     def _ssh_command(self) -> str:   # rsync's ``-e``
         argv = self._ssh_list()

@@ -27,6 +27,10 @@ _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
 _DIGIT = re.compile(r"\d").search
 
 
+# full-width colon and comma as ASCII (the space after each keeps every column boundary)
+_FULLWIDTH = str.maketrans({"\uff1a": ": ", "\uff0c": ", "})
+
+
 class LineParser:
     """Finds ``key <sep> number`` pairs in one line (``key: 1.5``, ``key=1``, ``key 2``, dicts).
 
@@ -95,6 +99,8 @@ class LineParser:
     def parse(self, line: str) -> Optional[Tuple[Optional[float], List[Tuple[str, float]], Optional[float]]]:
         if self.user_re is not None:
             return self._parse_user(line)
+        if "\uff1a" in line:  # a paste through a CJK input method: "'eval_loss'： 0.69， ..."
+            line = line.translate(_FULLWIDTH)
         line = loss_iteration(line)  # Tacotron 2's "Train loss N X": N is the iteration
         if self.summary or "evaluation set" in line:
             if line[:2] == "- " and self.summary:

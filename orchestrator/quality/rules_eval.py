@@ -95,9 +95,8 @@ EVAL_FROZEN_FINE_EVALS, EVAL_FROZEN_FINE_DIGITS = 5, 5
 def eval_frozen(run: Run, opts: dict) -> List[Finding]:
     """STOP when the eval (or val) loss read the same ``EVAL_FROZEN_DIGITS``-digit value (to one
     unit of its last digit) on its last ``EVAL_FROZEN_EVALS`` evals (5 digits: on its last
-    ``EVAL_FROZEN_FINE_EVALS``) while the train loss took other
-    values meanwhile, and the LR is not down to a thousandth of its peak (a schedule's annealed
-    tail stops the weights)."""
+    ``EVAL_FROZEN_FINE_EVALS``) while the train loss took other values meanwhile, and the LR is
+    not down to a thousandth of its peak (a schedule's annealed tail stops the weights)."""
     ev = run.get("eval_loss") or run.get("val_loss")
     if ev is None or len(ev) < EVAL_FROZEN_FINE_EVALS:
         return []
@@ -125,8 +124,24 @@ def eval_frozen(run: Run, opts: dict) -> List[Finding]:
         return []  # the train loss is frozen too: the frozen rule's, on the train loss
     if lr_annealed(run):
         return []
-    return [finding("eval_frozen", "stop", since, {"series": ev.name, "value": _r(last), "equal_evals": need,
-                                                   "train_values_meanwhile": moved}, H.EVAL_FROZEN, ev.name)]
+    evidence = {"series": ev.name, "value": _r(last), "equal_evals": need, "train_values_meanwhile": moved}
+    # a held-out accuracy or mAP that moved meanwhile was measured on a model that changed, and
+    # one at its ceiling leaves nothing to stop for: the frozen number is the loss's own artifact
+    # (a classify validator's val/loss at 2.8442 beside top-1 accuracy 1.0), so a warn
+    alive = next((n for n in run.series if is_quality_metric(n) and _alive_since(run.series[n], since)), None)
+    if alive is not None:
+        evidence["metric_alive"] = alive
+    return [finding("eval_frozen", "warn" if alive else "stop", since, evidence, H.EVAL_FROZEN, ev.name)]
+
+
+def _alive_since(s: Series, since: float) -> bool:
+    """A held-out quality metric that took two values from step ``since`` on, or an accuracy that
+    rose to 0.999 of its scale. Not a recall or precision at 1.0 (a model saying "positive" to
+    everything), nor an accuracy perfect from its first eval (a validation set of one class)."""
+    if _values_since(s, since) >= 2:
+        return True
+    vals = [v for v in s.values if isfinite(v)]
+    return is_accuracy(s.name) and bool(vals) and as_fraction(vals[-1]) >= 0.999 and min(vals) < vals[-1]
 
 
 def _digits(v: float) -> int:

@@ -29,6 +29,10 @@ ZERO_ENDED_LOGS = 2
 # a longer run of zeros, all it shows, with no gradient flowing, says nothing is learned
 ZERO_SEEN_LOGS = 8
 ZERO_JUMP = 0.01  # a loss at least this large the log before it reads zero: a collapse, not a floor
+# ... and from this high, two zeros in a row say it: no log interval of learning takes a loss
+# of 0.5 or more under any print's resolution (an LLaVA fine-tune's 1.9166, then 0.0 and 0.0
+# while its LR is still warming up from 2e-8)
+ZERO_JUMP_BIG = 0.5
 
 
 def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
@@ -75,11 +79,13 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
             # every completion got the same reward, by construction: its reward series exempts it
             both0 = (grad is not None and len(grad) and grad.steps[-1] == loss.steps[-1] and grad.values[-1] == 0.0
                      and loss.values[-1] == 0.0 and not names_with(run.series, RL_WORDS) and not is_gan(run.series))
-            sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and gbad and sudden) or start
+            big = sudden and abs(loss.values[k]) >= ZERO_JUMP_BIG and not terms_moving(run, first, averaged=True)
+            sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and (gbad or big) and sudden)
+                   or start
                    or (sudden and gnan) or gdead or both0 else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
                                                               "subnormal_values": exact, "sudden": sudden,
-                                                              "from_start": start, "grad_stopped": gdead,
+                                                              "from_start": start, "grad_stopped": gdead, "from_high": big,
                                                               "grad_zero_same_log": both0},
                                H.collapse(grad), "loss"))
     if grad is not None:
@@ -112,12 +118,14 @@ def objective_moving(run: Run, since: float) -> bool:
 _AVERAGED = ("avg", "mean", "smooth", "running", "ema", "average")
 
 
-def terms_moving(run: Run, since: float) -> bool:
+def terms_moving(run: Run, since: float, averaged: bool = False) -> bool:
     """True when another train-side loss (an L1 term beside an MSE "loss") took two or more
     nonzero values from step ``since`` on: the objective still computes something, and a loss
-    printed 0.0000 there is below its print's resolution, not degenerate."""
+    printed 0.0000 there is below its print's resolution, not degenerate. ``averaged``: a running
+    mean beside it counts too (a per-sample loss at 0 on the samples it got right)."""
     for name in run.series:
-        if name == "loss" or "loss" not in name or is_eval_side(name) or any(w in name for w in _AVERAGED):
+        if name == "loss" or "loss" not in name or is_eval_side(name) or (
+                not averaged and any(w in name for w in _AVERAGED)):
             continue  # (darknet's "avg" loss is the loss itself, smoothed: no second term)
         s = run.series[name]
         vals = {v for v in s.values[bisect_left(s.steps, since):] if isfinite(v) and v != 0.0}

@@ -2,8 +2,7 @@
 
 Three methods, one contract ``fetch(remote, partial, size, on_progress) -> Fetched``: rsync
 (``--append-verify``, over SSH or local), SFTP with offset resume (paramiko), and a plain
-local copy. A partial file is only ever appended to; the caller verifies and renames it.
-"""
+local copy. A partial file is only ever appended to; the caller verifies and renames it."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional
 
@@ -161,9 +161,8 @@ class RsyncFetcher:
 
     method = "rsync"
 
-    def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "",
-                 timeout_s: float = 3600.0, fast_cipher: bool = True, bwlimit_kbps: int = 0,
-                 stream: bool = True, streams: int = 1):
+    def __init__(self, ssh_argv: Optional[list[str]] = None, target: str = "", timeout_s: float = 3600.0,
+                 fast_cipher: bool = True, bwlimit_kbps: int = 0, stream: bool = True, streams: int = 1):
         self.ssh_argv = ssh_argv  # None: the "remote" path is on this machine
         self.target = target      # user@host (or alias) for SSH
         self.timeout_s = timeout_s
@@ -194,7 +193,7 @@ class RsyncFetcher:
             argv += ["-e", self._ssh_command()]
         return argv
 
-    def _source(self, remote: str) -> str:
+    def _source(self, remote: str) -> str:  # ``user@host:path``, or the path on this machine
         return f"{self.target}:{_noglob(remote)}" if self.ssh_argv is not None else remote
 
     def fetch(self, remote: str, partial: Path, size: int, on_progress: Progress) -> Fetched:
@@ -335,20 +334,15 @@ class TransferGroup:
 
 _CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
             "aes128-ctr,aes192-ctr,aes256-ctr")
-_AES: list = []
-
-
+@lru_cache(maxsize=1)
 def _has_aes() -> bool:
     """Does this CPU have AES instructions (x86 AES-NI, ARMv8 crypto)? Unknown: yes on arm64
     and x86_64 machines of the last decade, so only a /proc/cpuinfo without the flag says no."""
-    if not _AES:
-        try:
-            with open("/proc/cpuinfo") as fh:
-                flags = fh.read(1 << 16)
-            _AES.append(bool(re.search(r"^(flags|Features)\s*:.*\baes\b", flags, re.M)))
-        except OSError:
-            _AES.append(True)
-    return _AES[0]
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return bool(re.search(r"^(flags|Features)\s*:.*\baes\b", fh.read(1 << 16), re.M))
+    except OSError:
+        return True
 
 
 def _range_flusher() -> Optional[Callable[[int, int, int], object]]:
@@ -399,7 +393,6 @@ class _TailHasher:
         return self.h.hexdigest(), self.pos
 
 
-def ssh_argv_for(host: dict, known_hosts: Optional[str] = None) -> tuple[list[str], str]:
-    """OpenSSH client argv (without the target) and ``user@host`` for an inventory entry:
-    the same argv and host-key policy as a push (``transport.openssh.host_argv``)."""
-    return host_argv(host, known_hosts)
+# OpenSSH client argv (without the target) and ``user@host`` for an inventory entry: the same
+# argv and host-key policy as a push
+ssh_argv_for = host_argv

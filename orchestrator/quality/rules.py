@@ -249,7 +249,7 @@ def divergence(run: Run, opts: dict) -> List[Finding]:
         return [finding("divergence", "warn", onset, ev, H.DIVERGE_WARN, s.name)]
     if R > stop_at and not opts.get("final"):
         # while the run goes on, a window's median over its reference is a warn: it was the
-        # noisiest STOP on real runs (7 of 11 first STOPs early or on healthy runs: a tiny loss's
+        # noisiest STOP on real runs (8 of 11 first STOPs early or on healthy runs: a tiny loss's
         # bump, a pasted log's blip). A climb that matters is judged against the best level
         # (``divergence_best``) or as a jump that stays (``level_shift``); at the run's end the
         # ratio is its last word, since no later log can bring the loss back

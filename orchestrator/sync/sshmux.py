@@ -21,13 +21,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import weakref
 from typing import Any, Optional
 
-from orchestrator.sync.transfer import RsyncFetcher
+from orchestrator.sync.transfer import RsyncFetcher, TransferGroup
 
 
 class SshMux:
@@ -67,7 +66,9 @@ class SshMux:
             self._dir = tempfile.mkdtemp(prefix="gpurun-mux-")
             argv = [self._argv[0], "-M", "-N", "-o", "ControlPersist=no", "-o", "ControlPath=" + self._socket(),
                     *self._argv[1:], self._target]
-            self._group = _Master(argv, self._dir)
+            # its own process group, killed (and the folder removed) when gpurun is gone, kill -9 included
+            self._group = TransferGroup(argv, self._dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
         except OSError:
             self._failed = True
             self._cleanup(None, self._dir)
@@ -86,40 +87,6 @@ class SshMux:
             group.close()
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-class _Master:
-    """The master ``ssh`` in a process group of its own, and a watcher (``sh``) that kills the
-    group and removes the socket's folder when gpurun is gone, ``kill -9`` included: the
-    watcher reads a pipe only gpurun writes to (as ``transfer.TransferGroup``)."""
-
-    def __init__(self, argv: list[str], folder: str):
-        self.proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rd, self._wr = os.pipe()
-        try:
-            self.watcher: Optional[subprocess.Popen] = subprocess.Popen(
-                ["/bin/sh", "-c", 'read -r _; kill -KILL -"$1" 2>/dev/null; rm -rf "$2"', "gpurun-mux-watch",
-                 str(self.proc.pid), folder], stdin=rd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
-        except OSError:
-            self.watcher = None
-        finally:
-            os.close(rd)
-
-    def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        try:
-            os.write(self._wr, b"ok\n")
-        except OSError:
-            pass
-        os.close(self._wr)
-        if self.watcher is not None:
-            self.watcher.wait()
 
 
 class MuxRsyncFetcher(RsyncFetcher):

@@ -293,9 +293,9 @@ class TransferGroup:
     resumes, and it exists on Linux only. So a tiny watcher (``sh``) holds the read end of a pipe whose only writer is
     gpurun: end of file without the all-clear line means gpurun is gone, and the watcher
     kills the whole group (``kill -KILL -PGID``: dash's kill takes no ``--``). ``close()`` sends the all-clear, kills what is left of the group
-    and reaps both."""
+    and reaps both. ``folder``: removed by the watcher too, whichever way gpurun ends."""
 
-    def __init__(self, argv: list[str], **popen: Any):
+    def __init__(self, argv: list[str], folder: str = "", **popen: Any):
         # no preexec_fn (PR_SET_PDEATHSIG): it forces a fork of the whole interpreter, ~20 ms
         # a spawn against ~1 ms, and the watcher below covers the top process as well
         self.proc = subprocess.Popen(argv, start_new_session=True, **popen)
@@ -303,9 +303,9 @@ class TransferGroup:
         rd, self._wr = os.pipe()  # non-inheritable: no other child of gpurun holds the write end
         try:
             self.watcher: Optional[subprocess.Popen] = subprocess.Popen(
-                ["/bin/sh", "-c", 'read -r _ || kill -KILL -"$1" 2>/dev/null', "gpurun-pull-watch",
-                 str(self.pgid)], stdin=rd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
+                ["/bin/sh", "-c", 'read -r _ || kill -KILL -"$1" 2>/dev/null; [ -z "$2" ] || rm -rf "$2"',
+                 "gpurun-pull-watch", str(self.pgid), folder], stdin=rd, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError:
             self.watcher = None  # no /bin/sh: the per-job lock still keeps two pulls apart
         finally:

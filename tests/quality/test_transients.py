@@ -10,24 +10,7 @@ import math
 
 from orchestrator.quality.judge import judge
 from orchestrator.quality.sources import Tracker
-
-
-def _write(tmp_path, lines, name="train.log"):
-    p = tmp_path / name
-    p.write_text("\n".join(lines) + "\n")
-    return p
-
-
-def _verdicts(path, first: int = 3):
-    """The verdict on every prefix of ``path`` (the last one judged as an ended run)."""
-    lines = path.read_text().splitlines()
-    cut = path.with_name("cut_" + path.name)
-    out = []
-    for i in range(first, len(lines) + 1):
-        cut.write_text("\n".join(lines[:i]) + "\n")
-        res = judge(Tracker([str(cut)]).update(), final=i == len(lines))
-        out.append((res["verdict"], res["reason"]))
-    return out
+from quality.prefixes import verdicts, write_log
 
 
 def _curve(n: int, start: float = 300.0) -> list:
@@ -44,25 +27,25 @@ def test_a_jump_where_new_loss_terms_first_appear_is_a_new_objective(tmp_path):
         origin = 110.0 * (k + 10) ** -0.15
         lines.append("INFO:__main__:Epoch: %04d avg_loss_tgt: %.3f origin_loss_tgt: %.3f trans_loss_tgt: %.3f "
                      "time: 12.1s" % (9 + k, origin + t, origin, t))
-    path = _write(tmp_path, lines)
-    seen = _verdicts(path)
+    path = write_log(tmp_path, lines)
+    seen = verdicts(path)
     assert all(v != "STOP" for v, _ in seen), [r for v, r in seen if v == "STOP"]
     # the twin: the same jump with no term appearing beside it is a loss that blew up and stays
     twin = ["INFO:__main__:Epoch: %04d avg_loss_tgt: %.3f time: 9.2s" % (e, v)
             for e, v in enumerate(base + [3000.0 + 10 * i for i in range(12)])]
-    assert any(v == "STOP" for v, _ in _verdicts(_write(tmp_path, twin, "twin.log")))
+    assert any(v == "STOP" for v, _ in verdicts(write_log(tmp_path, twin, "twin.log")))
 
 
 def test_a_bump_of_a_few_logs_that_came_back_is_not_a_divergence(tmp_path):
     # 48 epochs falling gently, a 3-epoch bump to 3.5x, then back at the level before it
     vals = [60.0 * (1 - 0.004 * i) * (1 + 0.01 * math.sin(5 * i)) for i in range(48)]
     vals += [111.6, 177.3, 85.5, 56.1, 55.8, 55.2, 55.0]
-    path = _write(tmp_path, ["epoch %d loss %.3f" % (i, v) for i, v in enumerate(vals)])
-    seen = _verdicts(path, first=40)
+    path = write_log(tmp_path, ["epoch %d loss %.3f" % (i, v) for i, v in enumerate(vals)])
+    seen = verdicts(path, first=40)
     assert all(v != "STOP" for v, _ in seen), [r for v, r in seen if v == "STOP"]
     # the twin: the bump stays up, the loss diverging now
     twin = vals[:51] + [190.0, 260.0, 300.0, 340.0]
-    out = _verdicts(_write(tmp_path, ["epoch %d loss %.3f" % (i, v) for i, v in enumerate(twin)], "twin.log"),
+    out = verdicts(write_log(tmp_path, ["epoch %d loss %.3f" % (i, v) for i, v in enumerate(twin)], "twin.log"),
                     first=40)
     assert any(v == "STOP" for v, _ in out)
 
@@ -73,10 +56,10 @@ def test_a_per_sample_zero_beside_a_running_accuracy_is_no_masked_loss(tmp_path)
     vals = [(99177.4, 28.2), (20514.8, 34.17), (0.0, 37.23), (0.0, 40.06)]
     lines = ["Iter: %d [0], loss: %.6f, acc: %.2f%%, avg_loss: %.6f, avg_acc: %.2f%%"
              % (2000 * (i + 1), v, 0.0 if v else 1.0, 86000 - 1800 * i, a) for i, (v, a) in enumerate(vals)]
-    assert judge(Tracker([str(_write(tmp_path, lines))]).update())["verdict"] != "STOP"
+    assert judge(Tracker([str(write_log(tmp_path, lines))]).update())["verdict"] != "STOP"
     # the twin: the accuracy of the same batch at 40% beside a loss of 0 is a loss masked away
     twin = ["Iter: %d [0], loss: %.6f, acc: %.2f%%" % (2000 * (i + 1), v, a) for i, (v, a) in enumerate(vals)]
-    out = judge(Tracker([str(_write(tmp_path, twin, "twin.log"))]).update())
+    out = judge(Tracker([str(write_log(tmp_path, twin, "twin.log"))]).update())
     assert out["verdict"] == "STOP" and out["findings"][0]["code"] == "loss_collapse"
 
 
@@ -88,7 +71,7 @@ def _deepspeed(tmp_path, skipped, name):
             st = i + 1
             lines.append("[2025-04-09 01:39:21,827] [INFO] [logging.py:96:log_dist] [Rank 0] step=%d, skipped=%d, "
                          "lr=[1e-05, 1e-05], mom=[(0.9, 0.99), (0.9, 0.99)]" % (st, skipped(st)))
-    return Tracker([str(_write(tmp_path, lines, name))]).update()
+    return Tracker([str(write_log(tmp_path, lines, name))]).update()
 
 
 def test_deepspeed_skipping_every_step_stops_and_its_calibration_does_not(tmp_path):
@@ -102,4 +85,4 @@ def test_deepspeed_skipping_every_step_stops_and_its_calibration_does_not(tmp_pa
     path = tmp_path / "all.log"
     lines = path.read_text().splitlines()
     cut = lines[:lines.index(next(ln for ln in lines if "step=30," in ln)) + 1]
-    assert judge(Tracker([str(_write(tmp_path, cut, "early.log"))]).update())["verdict"] != "STOP"
+    assert judge(Tracker([str(write_log(tmp_path, cut, "early.log"))]).update())["verdict"] != "STOP"

@@ -3,14 +3,12 @@ the run reached (``level_shift``, ``divergence_best``; logs too short for them: 
 absurd magnitudes (``absurd_loss``), every eval metric worse while the train loss rises
 (``eval_diverged``), and ``eval_improving``, the judge's veto for a run whose eval still improves.
 
-Why whole-run: a window rule (``rules.divergence``) compares the last logs with the ones just
-before, so a loss that jumps and stays flat reads "stable" one window later (STOP, then CONTINUE,
-as if the run had healed), and a slow rise never makes a big enough ratio. Here each check judges
-the whole series against the best level ever reached: the STOP holds until the loss comes back.
-
-Cost: O(n) per check, bounded: index blocks whose level is the median of at most ``SAMPLE`` points,
-old history folded into ``COARSE`` blocks (a 1M-point log costs about what a 20k-point one does).
-"""
+Why whole-run: a window rule (``rules.divergence``, a warn while the run goes on) compares the
+last logs with the ones just before, so a loss that jumps and stays flat reads "stable" one
+window later, and a slow rise never makes a big enough ratio. Here each check judges the whole
+series against the best level ever reached: the STOP holds until the loss comes back. Cost: O(n)
+per check, bounded: index blocks whose level is the median of at most ``SAMPLE`` points, old
+history folded into ``COARSE`` blocks (a 1M-point log costs about what a 20k-point one does)."""
 
 from __future__ import annotations
 
@@ -349,7 +347,7 @@ TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy 
 def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     """STOP when the last ``PATIENCE`` evals of every eval metric whose direction is known are no
     better than that metric's best before them, the eval loss by more than 10%, and the train
-    loss has risen x1.2 over its best, with no LR rise meanwhile (a warm restart raises both), and
+    loss has risen x1.2 over its best level (medians of 5 logs), with no LR rise meanwhile (a warm restart raises both), and
     the eval loss's rise clears 3 sigmas of its recent eval-to-eval noise: the run got worse on
     every count (a Whisper fine-tune at
     LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER never better than at epoch 2, train loss 1.24 -> 2.03).
@@ -359,13 +357,15 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     if train is None or ev_loss is None:
         return []
     patience = PATIENCE
-    if len(ev_loss) <= patience:
-        return []
     _, tv = train.finite_tail(2)
-    if len(tv) < 2:
+    if len(ev_loss) <= patience or len(tv) < 2:
         return []
     tbest = train.low()  # kept on the series as it grows: a check pays for its new points only
     if not (tbest > 0 and median(tv) >= TRAIN_RISE * tbest):
+        return []  # (the cheap test first) then levels, not points: a noisy per-step loss sits 1.2x
+    _, tt = train.finite_tail(2000)  # over its luckiest batch most of the time (a 0.01 RMSE)
+    blocks = [median(tt[i:i + 5]) for i in range(0, len(tt) - 4, 5)]
+    if blocks and median(tt[-5:]) < TRAIN_RISE * min(blocks):
         return []
     since = ev_loss.steps[len(ev_loss) - patience]
     lr = run.get("lr")

@@ -86,3 +86,28 @@ def test_deepspeed_skipping_every_step_stops_and_its_calibration_does_not(tmp_pa
     lines = path.read_text().splitlines()
     cut = lines[:lines.index(next(ln for ln in lines if "step=30," in ln)) + 1]
     assert judge(Tracker([str(write_log(tmp_path, cut, "early.log"))]).update())["verdict"] != "STOP"
+
+
+def _regression(tmp_path, train, name):
+    """A regression run's metrics.jsonl: a per-step train loss, and every 20 steps an eval loss
+    that has risen from its best over the last 5 evals (and an eval RMSE with it)."""
+    rows = []
+    for i, v in enumerate(train):
+        rows.append('{"step": %d, "loss": %.6f}' % (i, v))
+        if i % 20 == 19:
+            e = i // 20
+            ev = 0.02 * (1 - 0.1 * e) if e < 10 else 0.012 * (1 + 0.2 * (e - 9))
+            rows.append('{"step": %d, "val_loss": %.6f, "val_rmse": %.6f}' % (i, ev, math.sqrt(ev)))
+    return write_log(tmp_path, rows, name)
+
+
+def test_a_tiny_noisy_train_loss_over_its_luckiest_batch_is_no_rise(tmp_path):
+    # a 0.01 RMSE loss, per step, noisy by +-30%: its last logs are often 1.2x its lowest batch,
+    # its level (medians of 5 logs) is flat; the eval loss creeps up for 5 evals (overfitting)
+    noisy = [0.01 * (1 + 0.3 * math.sin(7.3 * i) * math.cos(2.1 * i)) for i in range(300)]
+    seen = verdicts(_regression(tmp_path, noisy, "noisy.jsonl"), first=40)
+    assert not any("eval_diverged" in r for v, r in seen if v == "STOP"), seen
+    # the twin: the train loss's level rises x2 over the same evals, with every eval worse
+    rising = noisy[:200] + [v * 2.0 for v in noisy[200:]]
+    out = judge(Tracker([str(_regression(tmp_path, rising, "rising.jsonl"))]).update())
+    assert any(f["code"] == "eval_diverged" and f["severity"] == "stop" for f in out["findings"]), out["reason"]

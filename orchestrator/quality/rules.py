@@ -247,16 +247,15 @@ def divergence(run: Run, opts: dict) -> List[Finding]:
         # (a recommender's total 50 -> 111 -> 177 -> 85 -> 56), not a loss climbing now
         ev["recovered_to"] = _r(math.exp(u[-1]))
         return [finding("divergence", "warn", onset, ev, H.DIVERGE_WARN, s.name)]
-    if R > stop_at and not opts.get("final"):
+    if R > stop_at:
+        if opts.get("final"):  # the run's end: no later log can bring the loss back
+            return [finding("divergence", "stop", onset, ev, H.divergence(run, onset), s.name)]
         # while the run goes on, a window's median over its reference is a warn: it was the
         # noisiest STOP on real runs (8 of 11 first STOPs early or on healthy runs: a tiny loss's
         # bump, a pasted log's blip). A climb that matters is judged against the best level
-        # (``divergence_best``) or as a jump that stays (``level_shift``); at the run's end the
-        # ratio is its last word, since no later log can bring the loss back
+        # (``divergence_best``) or as a jump that stays (``level_shift``)
         ev["running"] = True
         return [finding("divergence", "warn", onset, ev, H.DIVERGE_WARN, s.name)]
-    if R > stop_at:
-        return [finding("divergence", "stop", onset, ev, H.divergence(run, onset), s.name)]
     if R > DIV_WARN:
         return [finding("divergence", "warn", onset, ev, H.DIVERGE_WARN, s.name)]
     if R > 1.05:

@@ -347,10 +347,10 @@ TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy 
 def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     """STOP when the last ``PATIENCE`` evals of every eval metric whose direction is known are no
     better than that metric's best before them, the eval loss by more than 10%, and the train
-    loss has risen x1.2 over its best level (medians of 5 logs), with no LR rise meanwhile (a warm restart raises both), and
-    the eval loss's rise clears 3 sigmas of its recent eval-to-eval noise: the run got worse on
-    every count (a Whisper fine-tune at
-    LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER never better than at epoch 2, train loss 1.24 -> 2.03).
+    loss has risen x1.2 over its best level (medians of 5 logs), with no LR rise meanwhile (a
+    warm restart raises both), and the eval loss's rise clears 3 sigmas of its recent noise: the
+    run got worse on every count (a Whisper fine-tune at LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER
+    never better than at epoch 2, train loss 1.24 -> 2.03).
     One improving metric (WER while eval loss rises) is enough to keep going."""
     train = run.get("loss")
     ev_loss = run.get("eval_loss") or run.get("val_loss")
@@ -362,8 +362,8 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
         return []
     tbest = train.low()  # kept on the series as it grows: a check pays for its new points only
     if not (tbest > 0 and median(tv) >= TRAIN_RISE * tbest):
-        return []  # (the cheap test first) then levels, not points: a noisy per-step loss sits 1.2x
-    _, tt = train.finite_tail(2000)  # over its luckiest batch most of the time (a 0.01 RMSE)
+        return []  # the cheap test first; then levels, not points: a noisy per-step loss sits
+    _, tt = train.finite_tail(2000)  # 1.2x over its luckiest batch most of the time (a 0.01 RMSE)
     blocks = [median(tt[i:i + 5]) for i in range(0, len(tt) - 4, 5)]
     if blocks and median(tt[-5:]) < TRAIN_RISE * min(blocks):
         return []

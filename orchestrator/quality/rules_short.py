@@ -121,8 +121,8 @@ def worsening(run: Run, opts: dict) -> List[Finding]:
     while every accuracy and validation loss logged beside it got worse over the same logs and
     the learning rate did not rise by a quarter (``LR_ROSE``): the optimiser is undoing the fit
     (Keras' CIFAR-10 example, epoch-mean loss 1.093 -> 1.104, 1.140, 1.186, 1.214 with accuracy
-    and val loss worse each epoch). One rise is noise, a warmup raises the LR, an overfit run's train loss keeps
-    falling; a noisy run's validation loss or accuracy does not worsen with it, log after log.
+    and val loss worse each epoch). One rise is noise, a warmup raises the LR, an overfit run's
+    train loss keeps falling; a noisy run's validation loss or accuracy does not worsen with it.
     At least one witness must be logged: a bare loss that climbs 10% proves nothing."""
     s = run.get("loss") or run.main_loss()
     if s is None or not CLIMB_MIN <= len(s) < MIN_LOGS:

@@ -81,12 +81,11 @@ def collapse_and_grad(run: Run, opts: dict) -> List[Finding]:
                      and loss.values[-1] == 0.0 and not names_with(run.series, RL_WORDS) and not is_gan(run.series))
             big = sudden and abs(loss.values[k]) >= ZERO_JUMP_BIG and not terms_moving(run, first, averaged=True)
             sev = ("stop" if (zeros >= 3 and (gbad or exact or sudden)) or (zeros >= 2 and (gbad or big) and sudden)
-                   or start
-                   or (sudden and gnan) or gdead or both0 else "warn" if zeros >= 2 else "info")
+                   or start or (sudden and gnan) or gdead or both0 else "warn" if zeros >= 2 else "info")
             out.append(finding("loss_collapse", sev, first, {"zero_loss_logs": zeros, "grad_nonfinite_or_zero": gbad,
                                                               "subnormal_values": exact, "sudden": sudden,
-                                                              "from_start": start, "grad_stopped": gdead, "from_high": big,
-                                                              "grad_zero_same_log": both0},
+                                                              "from_start": start, "grad_stopped": gdead,
+                                                              "from_high": big, "grad_zero_same_log": both0},
                                H.collapse(grad), "loss"))
     if grad is not None:
         tail = grad.values[-50:]

@@ -5,9 +5,8 @@ and each used to open its own SSH connection: a key exchange and a login every t
 0.4 s on a loopback box and several round trips on a far one, so a pass over 12 jobs spent
 most of its time shaking hands. ``MuxRsyncFetcher``, told that a pass holds two jobs or more,
 starts a master connection beside its first rsync; the ones after it open a session on the
-master (a few ms) instead. A large
-file's ssh stream (``sync.stream``, maybe several in parallel to fill a long link) keeps
-connections of its own.
+master (a few ms) instead. A large file's ssh stream (``sync.stream``, maybe several in parallel
+to fill a long link) keeps connections of its own.
 
 Nothing depends on it: until the master's socket is there, when the master could not start
 (an ``ssh`` without ``ControlMaster``, a fake one in a test) or once it died, a client gets no
@@ -30,11 +29,13 @@ from orchestrator.sync.transfer import RsyncFetcher, TransferGroup
 
 
 class SshMux:
+    """One ``ControlMaster`` connection to ``target``, started by the first ``client_options``."""
+
     def __init__(self, ssh_argv: list[str], target: str):
         self._argv = list(ssh_argv)
         self._target = target
         self._dir: Optional[str] = None
-        self._group: Any = None
+        self._group: Optional[TransferGroup] = None
         self._failed = False
         self._finalizer: Optional[weakref.finalize] = None
 
@@ -82,7 +83,7 @@ class SshMux:
         self._failed = True
 
     @staticmethod
-    def _cleanup(group: Any, folder: Optional[str]) -> None:
+    def _cleanup(group: Optional[TransferGroup], folder: Optional[str]) -> None:
         if group is not None:
             group.close()
         if folder:

@@ -334,6 +334,8 @@ class TransferGroup:
 
 _CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
             "aes128-ctr,aes192-ctr,aes256-ctr")
+
+
 @lru_cache(maxsize=1)
 def _has_aes() -> bool:
     """Does this CPU have AES instructions (x86 AES-NI, ARMv8 crypto)? Unknown: yes on arm64

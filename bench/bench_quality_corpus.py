@@ -38,7 +38,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from orchestrator.quality.judge import judge_tracker  # noqa: E402
+from orchestrator.quality.judge import MIN_POINTS, judge_tracker  # noqa: E402
+from orchestrator.quality.reviewer import ambiguity  # noqa: E402
 from orchestrator.quality.sources import Tracker, sniff_kind  # noqa: E402
 
 DEFAULT_DIRS = [os.path.join(os.path.dirname(ROOT), "shared", "curves"),
@@ -167,8 +168,12 @@ def score_file(d: str, item: dict, max_checks: int) -> dict:
     checks_at_stop = None
     t0 = time.monotonic()
     final_run = None
+    asks = 0  # checks that would ask a configured reviewer (``reviewer.ambiguity``): its cost
+    final_asks = False
     try:
         for verdict, run in replay(src, work, k):
+            final_asks = ambiguity(verdict, run.planned_steps, MIN_POINTS) is not None
+            asks += final_asks
             seq.append(verdict["verdict"][0])
             mains.append(_main_len(run))
             final_run = run
@@ -187,6 +192,7 @@ def score_file(d: str, item: dict, max_checks: int) -> dict:
            "k": k, "points": total, "main_points": mains[-1] if mains else 0,
            "checks": len(seq), "verdicts": _rle(seq),
            "final": seq[-1] if seq else None, "first_stop": first_stop,
+           "asks_reviewer": asks, "final_asks_reviewer": final_asks,
            "seconds": round(time.monotonic() - t0, 2)}
     if exp == "STOP":
         oi = _onset_index(item, steps)
@@ -310,6 +316,12 @@ def summarize(results: List[dict]) -> dict:
             "early_stops": [r["file"] for r in stop if r["outcome"] == "EARLY_STOP"],
             "false_stops": "%d/%d" % (sum(1 for r in ok if r["outcome"] == "FALSE_STOP"), len(ok)),
             "false_stop_files": [r["file"] for r in ok if r["outcome"] == "FALSE_STOP"],
+            # what a reviewer model would be asked, were one configured (the bench asks none): the
+            # missed failures whose last check hands the doubt on, and the healthy runs it is asked about
+            "missed_asking_reviewer": "%d/%d" % (sum(1 for r in stop if r["outcome"] == "MISS"
+                                                     and r.get("final_asks_reviewer")),
+                                                 sum(1 for r in stop if r["outcome"] == "MISS")),
+            "healthy_asking_reviewer": "%d/%d" % (sum(1 for r in ok if r.get("asks_reviewer")), len(ok)),
             "latency_points_median": _median(lat_p), "latency_points_max": lat_p[-1] if lat_p else None,
             "latency_checks_median": _median(lat_c), "latency_checks_max": lat_c[-1] if lat_c else None,
             "by_class": by_class(results),
@@ -343,6 +355,8 @@ def print_corpus(name: str, results: List[dict], summ: dict) -> None:
               summ["recall"], summ["false_stops"], len(summ["early_stops"]),
               summ["latency_points_median"], summ["latency_checks_median"],
               summ["latency_points_max"], summ["latency_checks_max"]))
+    print("  a reviewer (none asked here) would get the last check of %s missed failures and some "
+          "check of %s healthy runs" % (summ["missed_asking_reviewer"], summ["healthy_asking_reviewer"]))
 
 
 def print_classes(summ: dict) -> None:
@@ -397,8 +411,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         summ = summarize(every)
         out["total"] = {"summary": summ}
         if not a.json:
-            print("== total: recall %s; false STOPs %s; early STOPs %d" % (
-                summ["recall"], summ["false_stops"], len(summ["early_stops"])))
+            print("== total: recall %s; false STOPs %s; early STOPs %d; a reviewer would get %s missed "
+                  "failures, %s healthy runs" % (summ["recall"], summ["false_stops"], len(summ["early_stops"]),
+                                                 summ["missed_asking_reviewer"], summ["healthy_asking_reviewer"]))
             print_classes(summ)
     if a.json:
         json.dump(out, sys.stdout, indent=1, default=str)

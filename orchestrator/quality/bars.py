@@ -18,7 +18,7 @@ _POSTFIX = re.compile(r"([A-Za-z_][\w/.\-]*)=\s*" + _NUM + r"(?![\w.])")
 # rate, comma-separated items of words then one number ("Raw Acc (0.39, 2.49)" names no one value)
 _RATE_THEN = re.compile(r"(?:/s|/it)\s*,\s*(?=[A-Za-z])")
 _ITEMS = re.compile(r",(?![^()]*\))")  # the commas outside parentheses: "Raw Acc (0.39, 2.49)" is one item
-_SPACED = re.compile(r"\s*([A-Za-z][A-Za-z_/.\- ]*?)\s+" + _NUM + r"\s*\Z")
+_SPACED = re.compile(r"\s*([A-Za-z][A-Za-z_/.\- ]*?)(?:\s*:\s*|\s+)" + _NUM + r"\s*\Z")  # "Loss 2.3", "Batch Loss: 2.3"
 
 
 def has_postfix(line: str) -> bool:
@@ -48,9 +48,9 @@ def _spaced(line: str) -> List[Tuple[str, str]]:
     m = _RATE_THEN.search(line, line.find("%|") + 2)
     if m is None:
         return []
-    tail = line[m.end():].rstrip()
-    if tail.endswith("]"):
-        tail = tail[:-1]
+    tail = line[m.end():]
+    end = tail.find("]")  # the bar's closing bracket: what a script printed after it is no postfix
+    tail = tail[:end] if end >= 0 else tail.rstrip()
     out = []
     for item in _ITEMS.split(tail):
         sm = _SPACED.match(item)

@@ -11,9 +11,10 @@ loss terms. Stdlib only (shipped to hosts with the agent).
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Sequence
 
-from orchestrator.quality.roles import objective_words
+from orchestrator.quality.roles import THRESHOLD_WORDS, objective_words
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
 from orchestrator.quality.steps import context_line
 from orchestrator.quality.tables import DARKNET
@@ -305,7 +306,23 @@ def _key_of(seg: str) -> str:
 _KNOWN = set(SYNONYMS.values())
 
 
+# an eval metric's name as a whole word (a substring would find "map" in "heatmap", "cer" in
+# "scheduler"): mmdet's "bbox_mAP: 0.0000", "test score=0.0000", "mIoU: 0.5000" are metrics lines
+# Not precision or recall: conlleval's per-entity lines ("FOREST: precision: 0.00%; recall: ...")
+# under its overall one would read as one series that drops to 0 on every entity with no hit
+_METRIC_WORDS = frozenset({"map", "miou", "iou", "dice", "auc", "psnr", "ssim", "score", "cer", "mrr", "ndcg",
+                           "hmean", "kappa", "top", "spearman", "pearson", "mcc"})
+_METRIC_WORD = re.compile(r"[a-z]+")
+
+
+@lru_cache(maxsize=4096)
 def metricish(name: str) -> bool:
     """A key that makes its line a metrics line: a known series, a metric's word, or a BasicSR
     loss term ("l_pix", "l_g_gan": ``roles.role_of`` reads them as losses)."""
-    return name in _KNOWN or any(m in name for m in _METRICISH) or name[:2] == "l_" or bool(objective_words(name))
+    return (name in _KNOWN or any(m in name for m in _METRICISH) or name[:2] == "l_" or bool(objective_words(name))
+            or _metric_word(name))
+
+
+def _metric_word(name: str) -> bool:
+    words = _METRIC_WORD.findall(name)  # a threshold ("iou_thr: 0.5", "score_threshold") is a setting
+    return not _METRIC_WORDS.isdisjoint(words) and THRESHOLD_WORDS.isdisjoint(words)

@@ -149,7 +149,7 @@ class LineParser:
             ab = abort_record(line)  # the trainer stopped on a non-finite loss (``tables``)
             if ab is not None:
                 return ab[0], ab[1], None
-        if "(AP) @[" in line:
+        if "(AP) @[" in line or "(AR) @[" in line:
             ap = coco_record(line)  # pycocotools' summary: the eval's AP at the step trained so far
             return None if ap is None else (None, ap, None)
         if " avg" in line and " rate" in line:

@@ -44,6 +44,7 @@ NOT_A_RATE = frozenset({"min", "max", "init", "initial", "base", "peak", "warmup
 OBJECTIVE_WORDS = frozenset({"mse", "rmse", "mae", "l1", "smoothl1", "huber", "bce"})
 OBJECTIVE_RANK = 100.0
 _TOKEN = re.compile(r"[a-z0-9]+")
+THRESHOLD_WORDS = frozenset({"thr", "thres", "thresh", "threshold"})
 
 
 def is_objective(key: str) -> bool:
@@ -162,8 +163,8 @@ def is_quality_metric(key: str) -> bool:
     ``metrics/mAP50-95(B)``, ``bbox_mAP``, ``precision``, ``test_bleu``, ``hmean``, ``val_acc``),
     never a loss or an RL score."""
     low = key.lower()
-    if "loss" in low or "reward" in low:
-        return False
+    if "loss" in low or "reward" in low or not THRESHOLD_WORDS.isdisjoint(_TOKEN.findall(low)):
+        return False  # ("iou_thr", "score_threshold": settings, not metrics)
     return bool(_QUALITY.search(low)) or (is_accuracy(key) and is_eval_side(key))
 
 

@@ -22,7 +22,9 @@ from orchestrator.quality.roles import accuracy_names, is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD, ABSURD_FLAT_LOGS = 1e6, 30  # a failure (unless the run started there and is moving)
-HUGE = 1e20  # broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall)
+# broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall); past 1e30, falling
+# or not (D-FINE: 1.66e37, 1.58e37): fp32 ends at 3.4e38
+HUGE, ASTRONOMICAL = 1e20, 1e30
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
 NOISE_K = 5.0  # the shift must also clear this many block-noise sigmas
@@ -273,18 +275,16 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     while k > 0 and len(s) - k < 100000 and (not isfinite(s.values[k - 1]) or abs(s.values[k - 1]) >= limit):
         k -= 1
     head = [abs(v) for v in s.values[:min(5, k) or 5] if isfinite(v)]  # (before the blow-up: SSD's 19.1)
-    # "blew up" = the run lived below the limit at its start (PINN losses can start at 1e12,
-    # fall noisily through 1e6 and cross it again: that is the run's scale, not a blow-up)
+    # "blew up": it lived below the limit at its start (a PINN's 1e12 start falls through 1e6 and back: its scale)
     blew_up = k > 0 and bool(head) and median(head) < limit
     frozen = tail[-1] == tail[-2]  # two identical huge values: nothing is computing it any more
     grew = bool(head) and abs(median(tail)) >= 10 * median(head)
     # started huge and never moved (within 2% after ABSURD_FLAT_LOGS logs): no learning at 1e23
     h0 = median(head) if head else 0.0  # 0.0: a loss first logged as 0 did not start huge
     stuck = n > ABSURD_FLAT_LOGS and h0 > 0 and abs(abs(median(tail)) / h0 - 1) < 0.02
+    huge = abs(tail[-1]) >= HUGE and (abs(tail[-1]) >= abs(tail[-2]) or abs(tail[-1]) >= ASTRONOMICAL)  # DOPE 3e31
     ev = {"series": s.name, "latest": _r(tail[-1]), "limit": _r(limit), "logs_above": n - k,
-          "blew_up": blew_up, "frozen": frozen, "stuck": stuck}
-    huge = abs(tail[-1]) >= HUGE and abs(tail[-1]) >= abs(tail[-2])  # DOPE: 3.03e31, rising
-    ev.update({"huge": True} if huge else {})
+          "blew_up": blew_up, "frozen": frozen, "stuck": stuck, **({"huge": True} if huge else {})}
     sev = "stop" if (blew_up or frozen or grew or stuck or huge) else "info"
     return [finding("absurd_loss", sev, s.steps[k], ev, H.ABSURD, s.name)]
 

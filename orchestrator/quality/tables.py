@@ -340,8 +340,8 @@ def read_apart(line: str) -> bool:
     results.txt row, a markdown table's row. ``linescan`` leaves every line of such a shape to it."""
     if line.lstrip()[:1] == "|" and line.rstrip()[-1:] == "|":
         return True  # a markdown table's row: its header names its columns (``tables_box``)
-    if "(AP) @[" in line:
-        return True  # parse() keeps only pycocotools' all-area lines
+    if "(AP) @[" in line or "(AR) @[" in line:
+        return True  # parse() keeps only pycocotools' all-area AP lines (an AR line's "IoU=" is no metric)
     if "/" in line and line.lstrip()[:1].isdigit() and yolo_results_row(line) is not None:
         return True
     return may_abort(line) and abort_record(line) is not None

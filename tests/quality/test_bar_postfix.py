@@ -92,3 +92,20 @@ def test_a_bar_at_0_of_n_has_measured_nothing(tmp_path):
         loss = Tracker([str(p)]).update().get("loss")
         assert all(math.isfinite(v) for v in loss.values), p.name
         assert check(str(p))["verdict"] != "STOP"
+
+
+def test_a_postfix_string_with_colons_and_text_after_the_bar_is_read(tmp_path):
+    """``set_postfix_str("Batch Loss: %.4f")``: "Name: value" items after the rate; what the script
+    printed after the bar's closing bracket (a skipped batch's warning) is not the postfix."""
+    p = tmp_path / "train.log"
+    losses = [2.1, 1.9, 1.8, 27.9, 101.5, 108.1, 108.7, 120.2]
+    p.write_text("".join("Epoch: [9/1000]:  91%%|%s| %d/493 [01:03<00:06,  7.08it/s, Batch Loss: %.4f]"
+                         "[Warning] Skip this batch! (Loss: %.5f\n" % (BAR * 9, 440 + i, v, v * 1.01)
+                         for i, v in enumerate(losses)))
+    run = Tracker([str(p)]).update()
+    assert run.get("loss").name == "batch_loss" and list(run.get("loss").values) == losses
+    assert sorted(run.series) == ["batch_loss"]
+    # a bar whose postfix names no metric still adds nothing
+    q = tmp_path / "quiet.log"
+    q.write_text("".join("%3d%%|%s| %d/100 [00:01<00:01, 9it/s, GPU Mem: 3.2]\n" % (i, BAR, i) for i in range(1, 9)))
+    assert Tracker([str(q)]).update().series == {}

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.quality.judge import judge
 from orchestrator.quality.lineparse import LineParser
+from orchestrator.quality.roles import is_quality_metric
 from orchestrator.quality.sources import Tracker, sniff_kind
 
 
@@ -430,3 +431,34 @@ def test_insightfaces_lossvalue_is_the_loss(tmp_path):
     assert len(run.series["loss"]) == 8
     v = judge(run, {}, final=True)
     assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "nonfinite_loss"
+
+
+def test_a_line_of_eval_metrics_named_by_their_words_is_read(tmp_path):
+    """A line is a metrics line when a key is an eval metric's word: mmdet's "Epoch(val)" line
+    names no loss ("bbox_mAP: 0.0000"), nor does a BLEU logger's "test score=0.0000" after a date.
+    The word must stand alone: "heatmap" holds no mAP, "scheduler" no CER."""
+    run = _run(tmp_path, [
+        "2021-12-04 23:50:58,418 - mmdet - INFO - Epoch [2][50/500]\tlr: 2.000e-02, loss_cls: 0.3, loss: 0.65",
+        "2021-12-04 23:54:58,418 - mmdet - INFO - Epoch(val) [2][10]\tbbox_mAP: 0.3120, bbox_mAP_50: 0.5210",
+        "07/11 02:15:34 test score=0.2031 avg_score=0.3086",
+        "[EVAL] #Images: 200 mIoU: 0.5000 Acc: 1.0000",
+        "heatmap_size: 64 scheduler_gamma: 0.1",
+    ])
+    got = {k: list(s.values) for k, s in run.series.items()}
+    assert got["bbox_map"] == [0.312] and got["bbox_map_50"] == [0.521]
+    assert got["test_score"] == [0.2031] and got["val_miou"] == [0.5]  # under its "[EVAL]" split
+    assert not {"heatmap_size", "scheduler_gamma"} & set(run.series)
+
+
+def test_a_threshold_or_a_recall_summary_is_no_metric_line(tmp_path):
+    """An IoU threshold names a setting, not a score ("iou_thr: 0.5" over mmdet's VOC table), and
+    pycocotools' AR lines ("(AR) @[ IoU=0.50:0.95 ...") hold no series; their AP lines do."""
+    run = _run(tmp_path, [
+        "Epoch [1][100/100]\tlr: 1.000e-02, loss: 0.5000",
+        "---------------iou_thr: 0.5---------------",
+        " Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = 0.312",
+        " Average Recall     (AR) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = 0.500",
+        "score_threshold: 0.05 mAP: 0.4100",
+    ])
+    assert sorted(run.series) == ["AP", "loss", "lr", "map", "score_threshold"]
+    assert not is_quality_metric("score_threshold") and not is_quality_metric("iou_thr")

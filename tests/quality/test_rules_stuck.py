@@ -117,6 +117,11 @@ def test_a_loss_past_1e20_not_falling_is_absurd_whatever_it_started_at():
     # a loss started at 1e25 and falling fast is not judged broken on its scale alone
     fall = run_of([{"loss": 1e25 * 0.3 ** e} for e in range(15)])
     assert all(not x["evidence"].get("huge") for x in L.absurd_loss(fall, {}))
+    # ... but at 1e30 and above nothing is computed, falling or not: fp32 ends at 3.4e38 (D-FINE:
+    # 1.66e37, then 1.58e37 on the next log)
+    edge = run_of([{"loss": 1.66e37}, {"loss": 1.58e37}])
+    f = L.absurd_loss(edge, {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["huge"]
     # one log past 1e6 with a held-out loss past it too is two witnesses of a blow-up from below;
     # not when the loss itself started above (PaiNN: 4e11, 8.3e5, 1.4e6 while it falls to 0.003)
     rows = [{"loss": 0.35, "val_loss": 0.4}, {"loss": 0.3, "val_loss": 0.38}, {"loss": 1.6e18, "val_loss": 1.9e7}]

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 from orchestrator.quality.linekeys import NUM_SPLIT, _key_of, context_shape, metricish, on_split, split_at, split_head
 from orchestrator.quality.lineparse import LineParser
 from orchestrator.quality.series import MAX_SERIES, STEP_KEYS, SYNONYMS, Run, Series
+from orchestrator.quality.tables import msvc_nonfinite
 
 # looser than the tokenizer on purpose (speed); float() rejects what it lets through
 _NUMG = r"([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|Infinity|infinity)(?![A-Za-z_]))"
@@ -53,8 +54,9 @@ class Shape:
             elif not known and metricish(name):
                 known = True
             self.roles.append(name)
-        if not known or context_shape(segs):
-            # a strict parser would drop these lines, or their step depends on other lines
+        if not known or context_shape(segs) or msvc_nonfinite("1".join(segs)):
+            # a strict parser would drop these lines, their step depends on other lines, or a
+            # "1.#QNAN000" is in them (parse() reads a NaN where a column would read the 1)
             self.step_col = -1
         body = _NUMG.join(re.escape(s) for s in segs)
         if segs[0]:

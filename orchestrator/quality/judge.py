@@ -29,7 +29,7 @@ from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_level as L
 from orchestrator.quality import rules_short as S
 from orchestrator.quality import rules_zero as Z
-from orchestrator.quality.roles import RL_WORDS, is_gan, is_objective, names_with
+from orchestrator.quality.roles import RETURN_WORDS, RL_WORDS, is_gan, is_objective, names_with
 from orchestrator.quality.series import Run, isfinite
 from orchestrator.quality.sources import Tracker, source_notes
 
@@ -92,6 +92,7 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
     _eval_veto(run, opts, findings)
     _plateau_veto(findings)
     _objective_changed(run, findings)
+    _return_veto(run, findings)
     gan = is_gan(run.series)
     for f in findings:
         if f["severity"] == "stop" and f["code"] in OBJECTIVE_VETO:
@@ -261,6 +262,33 @@ def _eval_veto(run: Run, opts: dict, findings: List[dict]) -> None:
         if any(L.eval_improving(run, opts, since) for since in at):
             f["severity"] = "warn"
             ev["eval_improving"] = True
+
+
+def _return_veto(run: Run, findings: List[dict]) -> None:
+    """An RL run's loss is a critic's or a Q-network's regression onto returns that grow as the
+    policy improves (DDPG's critic loss 456 -> 10,000 while the return climbs): its rise is no
+    divergence while the episode return holds. A return lower now than at the rise's onset still
+    lets the STOP stand; non-finite, collapse and x100 are not trend rules and are never vetoed."""
+    rets = [n for n in names_with(run.series, RETURN_WORDS) if len(run.series[n]) >= 2]
+    if not rets:
+        return
+    for f in findings:
+        if f["severity"] != "stop" or f["code"] not in GAN_VETO or f.get("step") is None:
+            continue
+        seen = [h for h in (_held(run.series[n], float(f["step"])) for n in rets) if h is not None]  # type: ignore
+        if seen and all(seen):  # every return (the rollout's and the eval's) held, not just one
+            f["severity"] = "warn"
+            f["evidence"]["rl_return_held"] = True  # type: ignore[index]
+
+
+def _held(ret, since: float) -> Optional[bool]:
+    """Whether the return logged last is at least the one logged at ``since`` (or just before
+    it); None when nothing was logged after ``since``: no evidence either way."""
+    i = next((k for k, t in enumerate(ret.steps) if t >= since), None)
+    if i is None or i == len(ret) - 1:
+        return None
+    a, b = ret.values[max(0, i - 1) if ret.steps[i] > since else i], ret.values[-1]
+    return isfinite(a) and isfinite(b) and b >= a
 
 
 def _plateau_veto(findings: List[dict]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Sequence
+from typing import List, Sequence
 
 from orchestrator.quality.roles import THRESHOLD_WORDS, objective_words
 from orchestrator.quality.series import STEP_KEYS, SYNONYMS
@@ -55,7 +55,7 @@ _CONNECTIVES = frozenset({"and", "with", "has", "had", "have", "of", "the", "is"
 _LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "critical"})
 # a verb between a metric's name and its value ("Loss is 2.302.", "loss became 0.7")
 _HEADER_ENDS = frozenset("0123456789]")
-_VERBS = frozenset({"is", "was", "are", "were", "became", "becomes", "now", "="})
+_VERBS = frozenset({"is", "was", "are", "were", "became", "becomes", "now", "=", "of"})  # "Loss of 0.013 on ..."
 # a parenthesised word after a metric's name that says which split it is ("Average Loss (valid)")
 _QUALIFIERS = frozenset({"train", "training", "trn", "val", "valid", "validation", "eval", "evaluation", "test",
                          "dev"})
@@ -245,6 +245,17 @@ def _word(w: str) -> bool:
     return w[:1].isalpha() and w.isalnum()
 
 
+# what may follow "loss" in a loss's name: "Gen Loss Total", "loss avg" (not "loss of batch 3")
+_LOSS_TAIL = frozenset({"total", "overall", "sum", "all", "avg", "average", "mean", "running", "smoothed", "ema"})
+
+
+def _loss_then_total(words: List[str]) -> bool:
+    if "loss" not in words:
+        return False
+    i = words.index("loss")
+    return all(w in _LOSS_TAIL for w in words[i + 1:]) and _CONNECTIVES.isdisjoint(words[:i])
+
+
 def _key_of(seg: str) -> str:
     """Turn the text before a number into a key: ', "train/loss": ' -> 'train/loss'."""
     if len(seg) == 4 and seg[0] == "T" and seg[3] == ":" and seg[1:3].isdigit():
@@ -291,9 +302,11 @@ def _key_of(seg: str) -> str:
             k = words[0]
             return k if _IDENT.match(k) else _NOKEY
         k = words[-1].strip(_STRIP)
-        if (k in SYNONYMS or k == "losses") and 1 < len(words) <= 4 and all(_word(w) for w in words[:-1]):
-            # "mean center loss", "eval loss", "train L1 loss": the words before say which loss
-            # (``series.role_of`` reads them); only the last word, every such phrase would be the train loss
+        if (k in SYNONYMS or k == "losses" or _loss_then_total(words)) and 1 < len(words) <= 4 and all(
+                _word(w) for w in words[:-1]):
+            # "mean center loss", "eval loss", "train L1 loss", HiFi-GAN's "Gen Loss Total": the
+            # words say which loss (``series.role_of`` reads them); only the last word, every such
+            # phrase would be the train loss (or "total", no loss at all)
             return "_".join(words)
         if k in SYNONYMS or k in STEP_KEYS:
             return k

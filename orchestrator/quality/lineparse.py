@@ -20,8 +20,9 @@ from orchestrator.quality.steps import (EPOCH_BATCHES, EPOCH_END, EPOCH_HEADER, 
                                         KERAS_BATCH, KERAS_EPOCH, KERAS_EPOCH_LINE, KERAS_PAIR, LEAD_STEP, MX_BATCH,
                                         BatchCounter, Wrap, epoch_step)
 from orchestrator.quality.tables import (Table, abort_record, bare_nonfinite_row, checkpoint_record, coco_record,
-                                         darknet_record, may_abort, table_head, yolo_results_row)
-from orchestrator.quality.tables_box import Box
+                                         darknet_record, may_abort, msvc_as_ieee, msvc_nonfinite, table_head,
+                                         yolo_results_row)
+from orchestrator.quality.tables_box import Box, list_table_head
 
 _MAY_BE_NONFINITE = re.compile(r"nan|inf|#", re.IGNORECASE).search
 _DIGIT = re.compile(r"\d").search
@@ -101,6 +102,8 @@ class LineParser:
             return self._parse_user(line)
         if "\uff1a" in line:  # a paste through a CJK input method: "'eval_loss'： 0.69， ..."
             line = line.translate(_FULLWIDTH)
+        if "#" in line and msvc_nonfinite(line):
+            line = msvc_as_ieee(line)
         line = loss_iteration(line)  # Tacotron 2's "Train loss N X": N is the iteration
         if self.summary or "evaluation set" in line:
             if line[:2] == "- " and self.summary:
@@ -168,8 +171,8 @@ class LineParser:
             if bare is not None:
                 return bare[0], bare[1], None
         if len(parts) < 3:
-            if len(parts) == 1 and line[:1] in " Eeis":
-                head = table_head(line)
+            if len(parts) == 1 and line[:1] in " EeisS":
+                head = table_head(line) or list_table_head(line)
                 if head is not None and (self.table is None or head.names != self.table.names):
                     self.table = head  # (YOLO repeats its header every epoch: the same table goes on,
                     # and knows its epochs count from 0)

@@ -80,7 +80,9 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
         w = w.lower()
         head, loss, tail = w.partition("loss")
         if loss and w != loss and ({head, tail} - {""} <= PLAIN | EVAL_WORDS | {"s"}
-                                   or (tail in ("", "es") and len(head) >= 3 and head.isalpha())):
+                                   or (tail in ("", "es") and len(head) >= 3 and head.isalpha())
+                                   or (tail[:3] == "per" and tail[:4] != "perp" and head in PLAIN | EVAL_WORDS | {""})):
+            # (CNTK's "TrainLossPerSample": a loss averaged per sample, per token)
             # "trainloss", "valloss", "multilogisticloss": camelCase lowercased by a reader
             words.update((head, "loss", "" if tail == "es" else tail))
         else:
@@ -123,6 +125,10 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
 PROGRESS_WORDS = ("reward", "margin", "kl")
 # keys only an RL run logs: its loss sums terms of either sign (PPO's entropy bonus and policy term)
 RL_WORDS = PROGRESS_WORDS + ("entropy", "value_loss", "policy", "advantage")
+# an RL run's episode return, the objective its losses serve (stable-baselines3's
+# "rollout/ep_rew_mean", baselines' "rollout/return", "eval/mean_reward", "episode_reward")
+RETURN_WORDS = ("ep_rew", "episode_reward", "mean_reward", "rollout/return", "eval/return", "episode_return",
+                "avg_return", "mean_return")
 
 
 _TOPK = re.compile(r"(?:prec|acc)@\d")

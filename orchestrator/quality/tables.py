@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple
 from orchestrator.quality.roles import role_of
 from orchestrator.quality.series import SYNONYMS
 from orchestrator.quality.steps import TQDM_STEP, epoch_step
+from orchestrator.quality.tables_box import list_row
 
 _COL = re.compile(r"[A-Za-z_][\w()/.\-@]*\Z")
 _STEP_COLS = frozenset({"epoch"})  # every table seen so far leads with its epoch
@@ -334,6 +335,21 @@ def yolo_results_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]
     return float(m.group(1)), vals, float(m.group(2))
 
 
+# Microsoft's C runtime prints a NaN "1.#QNAN" or "-1.#IND" and an infinity "1.#INF" (CNTK,
+# Windows builds of Caffe): read as nan / inf, never as the 1 before the "#"
+_MSVC = re.compile(r"([-+]?)\d\.?#(?:(Q?NAN|SNAN|IND)|INF)\w*", re.IGNORECASE)
+
+
+def msvc_nonfinite(text: str) -> bool:
+    """True when ``text`` holds an MSVC-printed NaN or infinity ("1.#QNAN000", "-1.#IND")."""
+    return "#" in text and _MSVC.search(text) is not None
+
+
+def msvc_as_ieee(line: str) -> str:
+    """``line`` with its MSVC NaNs and infinities written as "nan" and "inf"."""
+    return _MSVC.sub(lambda m: "nan" if m.group(2) else m.group(1) + "inf", line)
+
+
 def read_apart(line: str) -> bool:
     """True for a line ``LineParser.parse`` reads by its words or its columns' places rather than
     by ``key value`` tokens: a trainer's abort or overflow note, a pycocotools summary line, a YOLO
@@ -342,6 +358,10 @@ def read_apart(line: str) -> bool:
         return True  # a markdown table's row: its header names its columns (``tables_box``)
     if "(AP) @[" in line or "(AR) @[" in line:
         return True  # parse() keeps only pycocotools' all-area AP lines (an AR line's "IoU=" is no metric)
+    if msvc_nonfinite(line):
+        return True  # "1.#QNAN000": parse() reads a NaN where a shape would read the 1
+    if line.lstrip()[:1].isdigit() and list_row(line):
+        return True  # DeepXDE's "1000  [2.9e+02, 4.7e+01]  [3.0e+02]  []": summed by its table
     if "/" in line and line.lstrip()[:1].isdigit() and yolo_results_row(line) is not None:
         return True
     return may_abort(line) and abort_record(line) is not None

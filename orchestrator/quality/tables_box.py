@@ -1,10 +1,13 @@
-"""Tables drawn with "|": a boxed key/value table and a markdown table, read one line at a time.
+"""Tables read one line at a time: a boxed key/value table and a markdown table (drawn with "|"),
+and a table of bracketed lists.
 
 * a boxed table, one per logging round (stable-baselines3's ``| train/ |`` section rows
   ``|    loss            | 0.123 |`` between dashed rules): a record when its closing rule
   comes, each key under its section (``train/loss``), its step from ``time/total_timesteps``.
 * a markdown table (a Hugging Face model card's *Training results*): a header of names, a rule
   of dashes, then one row per eval (``md_names`` says what each column is).
+* a table of bracketed lists (DeepXDE's display: ``Step  Train loss  Test loss  Test metric``,
+  then ``1000  [2.92e+02, 4.68e+01]  [3.00e+02, 3.39e+01]  []``): ``ListTable``.
 
 Stdlib only; used by ``readers_text``.
 """
@@ -135,3 +138,40 @@ class Box:
             pass  # a text cell ("| policy | MlpPolicy |")
         return None
 
+
+# DeepXDE prints one bracketed list per column, a term of the loss per entry (each PDE residual,
+# each boundary condition); the train loss it minimises, and reports as "train loss", is their sum
+_LIST_HEAD = re.compile(r"\s*Step\s+Train loss\s+Test loss(?:\s+Test metric)?\s*\Z")
+_LIST_ROW = re.compile(r"\s*(\d+)\s+\[([^\]]*)\]\s+\[([^\]]*)\](?:\s+\[([^\]]*)\])?\s*\Z")
+_LIST_COLS = ("loss", "val_loss", "test_metric")
+
+
+class ListTable:
+    """A table of bracketed lists, after its header: each row's step and the sums of its lists
+    (a NaN term makes its sum NaN; an empty list, as DeepXDE's "[]" of no metric, is no value)."""
+
+    names = ("step",) + _LIST_COLS
+
+    @staticmethod
+    def row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]], Optional[float]]]:
+        m = _LIST_ROW.match(line)
+        if m is None:
+            return None
+        out = []
+        for name, cell in zip(_LIST_COLS, m.groups()[1:]):
+            try:
+                terms = [float(t) for t in (cell or "").replace(",", " ").split()]
+            except ValueError:
+                return None
+            if terms:
+                out.append((name, sum(terms)))
+        return (float(m.group(1)), out, None) if out else None
+
+
+def list_table_head(line: str) -> Optional[ListTable]:
+    return ListTable() if line[:1] in " S" and _LIST_HEAD.match(line) else None
+
+
+def list_row(line: str) -> bool:
+    """True for a line shaped as a ``ListTable`` row (the ordered scan leaves it to the parser)."""
+    return "[" in line and _LIST_ROW.match(line) is not None

@@ -168,7 +168,7 @@ def split_head(head: str) -> bool:
 # after it that name no split are that split's, up to the next split's mark. Read as plain keys, the
 # val loss would be a second train loss at the same step.
 _SPLIT_MARK = re.compile(r"(?:^|[\s|\[,;])(train|training|trn|val|valid|validation|eval|evaluation|test|testing|dev)"
-                         r"\s*(?:[:=|\],]|-\s)")  # on the lowered text
+                         r"\s*(?:[:=|\],]|-\s|\.\s)")  # on the lowered text ("Val. Total Loss: nan" too)
 
 
 def has_split_mark(line: str) -> bool:

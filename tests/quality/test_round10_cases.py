@@ -1,4 +1,4 @@
-"""What blind round 10 taught (issue 11): ten of its failures were read as no loss at all. A
+"""What blind round 10 taught (issue 11): nine of its failures were read as no loss at all. A
 HiFi-GAN "Gen Loss Total : 101.3", DiffEqFlux's "Loss of 0.0132 on iteration 2", CNTK's
 "TrainLossPerSample = 1.#QNAN000" (a NaN as Microsoft's C runtime prints it) and DeepXDE's
 table of bracketed loss terms are losses now; and an RL run's critic loss that grows with its
@@ -112,3 +112,19 @@ def test_an_rl_critic_loss_that_grows_with_its_returns_is_no_divergence(tmp_path
     # and while the rollout's return holds but the eval's falls: every return must hold
     split = _rl_csv(tmp_path, lambda i: -1146.0 + 25.0 * i, "split.csv", ev=lambda i: -6.4 - 0.5 * i)
     assert _stops(verdicts(split)) != []
+
+
+def test_a_split_named_with_a_period_keeps_its_metrics_apart(tmp_path):
+    """"Train. Total Loss: nan, AUC: 50.04%, AP: 1.78%" then "Val. ... AP: 100.00%": two splits,
+    not one AP that rose from 1.78 to 100 beside the NaN (which vetoed the NaN's STOP)."""
+    rows = []
+    for e in range(12):
+        loss = "%.4f" % (1.6 - 0.03 * e) if e < 4 else "nan"
+        rows += ["09-02 20:40:%02d - INFO - __main__ - Epoch: %d, Loss: %s" % (e, e, loss),
+                 "09-02 20:40:%02d - INFO - __main__ - Train. Total Loss: %s, AUC: 50.04%%, AP: 1.78%%" % (e, loss),
+                 "09-02 20:40:%02d - INFO - __main__ - Val. Total Loss: %s, AUC: %s%%, AP: %s%%"
+                 % (e, loss, "100.00" if e >= 4 else "71.20", "100.00" if e >= 4 else "12.50")]
+    p = write_log(tmp_path, rows)
+    run = Tracker([str(p)]).update()
+    assert list(run.series["ap"].values)[-1] == 1.78 and list(run.series["val_ap"].values)[-1] == 100.0
+    assert any("nonfinite_loss" in r for r in _stops(verdicts(p)))

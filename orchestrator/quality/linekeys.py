@@ -320,7 +320,7 @@ _KNOWN = set(SYNONYMS.values())
 
 
 # an eval metric's name as a whole word (a substring would find "map" in "heatmap", "cer" in
-# "scheduler"): mmdet's "bbox_mAP: 0.0000", "test score=0.0000", "mIoU: 0.5000" are metrics lines
+# "scheduler"): mmdet's "bbox_mAP: 0.0000", "test score=0.0000", "mIoU: 0.5000" are metrics lines.
 # Not precision or recall: conlleval's per-entity lines ("FOREST: precision: 0.00%; recall: ...")
 # under its overall one would read as one series that drops to 0 on every entity with no hit
 _METRIC_WORDS = frozenset({"map", "miou", "iou", "dice", "auc", "psnr", "ssim", "score", "cer", "mrr", "ndcg",

@@ -82,8 +82,8 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
         if loss and w != loss and ({head, tail} - {""} <= PLAIN | EVAL_WORDS | {"s"}
                                    or (tail in ("", "es") and len(head) >= 3 and head.isalpha())
                                    or (tail[:3] == "per" and tail[:4] != "perp" and head in PLAIN | EVAL_WORDS | {""})):
-            # (CNTK's "TrainLossPerSample": a loss averaged per sample, per token)
-            # "trainloss", "valloss", "multilogisticloss": camelCase lowercased by a reader
+            # "trainloss", "valloss", "multilogisticloss": camelCase lowercased by a reader (and
+            # CNTK's "TrainLossPerSample": a loss averaged per sample, per token)
             words.update((head, "loss", "" if tail == "es" else tail))
         else:
             words.add(w)

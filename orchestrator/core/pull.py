@@ -174,7 +174,7 @@ def pull_once(session: Any, dest: Path, *, jobs: Optional[list[str]] = None,
     done = True
     if man.get("jobs"):
         record_dest(host, dest)
-        getattr(fetcher, "expect", lambda n: None)(len(man["jobs"]))   # sync/sshmux: one login for them all
+        fetcher.expect(len(man["jobs"]))   # sync/sshmux: one login for them all
     for job in man.get("jobs", []):
         root = job_root(dest / job_dir_name(host), job["id"], job.get("name"))
         res: JobPull = pull_job(job, root, fetcher, policy, host=host, progress=progress, rehash=rehash,
@@ -229,7 +229,7 @@ def pull(host_name: Optional[str] = None, *, jobs: Optional[list[str]] = None,
                                         progress=progress, rehash=rehash, s3=target, settle_s=settle_s,
                                         reverify=reverify)
                 finally:
-                    getattr(fetcher, "close", lambda: None)()   # its shared SSH connection
+                    fetcher.close()   # its shared SSH connection
         except TransportError as exc:
             if not loop:
                 raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_left
 from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
@@ -282,12 +283,12 @@ def _return_veto(run: Run, findings: List[dict]) -> None:
 
 
 def _held(ret, since: float) -> Optional[bool]:
-    """Whether the return logged last is at least the one logged at ``since`` (or just before
-    it); None when nothing was logged after ``since``: no evidence either way."""
-    i = next((k for k, t in enumerate(ret.steps) if t >= since), None)
-    if i is None or i == len(ret) - 1:
+    """Whether the return logged last is at least the one logged at ``since`` (or the last before
+    it, else its first); None when fewer than 2 were logged from ``since`` on: no evidence yet."""
+    if len(ret) - bisect_left(ret.steps, since) < 2:
         return None
-    a, b = ret.values[max(0, i - 1) if ret.steps[i] > since else i], ret.values[-1]
+    a, b = ret.last_at(since), ret.values[-1]
+    a = ret.values[0] if a is None else a
     return isfinite(a) and isfinite(b) and b >= a
 
 

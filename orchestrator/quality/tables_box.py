@@ -169,6 +169,7 @@ class ListTable:
 
 
 def list_table_head(line: str) -> Optional[ListTable]:
+    """A ``ListTable`` for DeepXDE's header line, else None."""
     return ListTable() if line[:1] in " S" and _LIST_HEAD.match(line) else None
 
 

@@ -31,8 +31,9 @@ from typing import Callable, Optional, Union
 
 from orchestrator.errors import TransportError
 from orchestrator.sync.stream import MARK, PROGRESS_EVERY
-from orchestrator.sync.transfer import (CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, TransferGroup,
-                                         _range_flusher, no_space_in)
+from orchestrator.sync.procgroup import TransferGroup
+from orchestrator.sync.transfer import (CHUNK, WRITEBACK, Fetched, LocalWriteError, Progress, _range_flusher,
+                                         no_space_in)
 
 _QUIET: dict[str, bool] = {}
 _PROBES: dict[str, threading.Thread] = {}

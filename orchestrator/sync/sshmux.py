@@ -25,7 +25,8 @@ import tempfile
 import weakref
 from typing import Any, Optional
 
-from orchestrator.sync.transfer import RsyncFetcher, TransferGroup
+from orchestrator.sync.procgroup import TransferGroup
+from orchestrator.sync.transfer import RsyncFetcher
 
 
 class SshMux:

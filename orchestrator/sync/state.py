@@ -186,7 +186,7 @@ def job_lock(root: Path, on_wait: Optional[Callable[[str], None]] = None) -> Ite
     A second pull of the same job waits, and says so through ``on_wait`` with the holder's
     pid (written into the lock file once held). The kernel drops a flock when its holder
     dies, ``kill -9`` included, so a dead pull never blocks the next one; its rsync group
-    is killed with it (``transfer.TransferGroup``), so nothing writes behind the lock."""
+    is killed with it (``procgroup.TransferGroup``), so nothing writes behind the lock."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / LOCK, "a+") as fh:
         try:

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from orchestrator.errors import TransportError
+from orchestrator.sync.procgroup import TransferGroup
 from orchestrator.sync.transfer import (
     CHUNK,
     WRITEBACK,
     Fetched,
     LocalWriteError,
     Progress,
-    TransferGroup,
     _range_flusher,
     _start_offset,
     prefix_hasher,

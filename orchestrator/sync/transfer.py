@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 import shlex
-import signal
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional
 
 from orchestrator.errors import TransportError
+from orchestrator.sync.procgroup import TransferGroup
 from orchestrator.transport.openssh import host_argv
 
 CHUNK = 1 << 20
@@ -99,7 +99,18 @@ def no_space_in(stderr: str, where: Path) -> None:
         raise LocalWriteError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
 
 
-class LocalFetcher:
+class Fetcher:
+    """A pass's hooks around ``fetch``: ``expect(jobs)`` before it pulls that many jobs, ``close()``
+    after it (``sshmux.MuxRsyncFetcher`` shares one SSH login over them); no-ops here."""
+
+    def expect(self, jobs: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LocalFetcher(Fetcher):
     """The host is this machine: copy with offset resume."""
 
     method = "local"
@@ -114,7 +125,7 @@ class LocalFetcher:
         return Fetched(h.hexdigest(), progress[0], progress[0] - start, start)
 
 
-class SftpFetcher:
+class SftpFetcher(Fetcher):
     """SFTP with offset resume, for boxes without rsync. ``sftp_session()`` is the transport's
     (``SSHTransport.sftp_session``): a context manager that lends its one ``SFTPClient`` and
     holds its SFTP lock, so a push on the same connection waits for this file rather than
@@ -152,7 +163,7 @@ def _paramiko_errors() -> tuple[type[BaseException], ...]:
     return paramiko.SSHException, paramiko.SFTPError
 
 
-class RsyncFetcher:
+class RsyncFetcher(Fetcher):
     """Many small files: one rsync ``--files-from`` per source dir (:meth:`fetch_tree`).
     One large file over SSH: a single stream hashed as it is written (``sync.stream``), rsync
     only where the box cannot stream. One file on this machine: rsync ``--append-verify``
@@ -282,54 +293,6 @@ def _noglob(remote: str) -> str:
     if not any(c in remote for c in "*?["):
         return remote
     return re.sub(r"([\\*?\[\]])", r"\\\1", remote)
-
-
-class TransferGroup:
-    """One rsync and everything it starts (its forked receiver, ssh) in a process group of
-    their own, killed as one when gpurun dies in any way, ``kill -9`` included.
-
-    PR_SET_PDEATHSIG (used before) is not enough: it reaches the rsync gpurun started, not the
-    receiver rsync forks, which can keep writing into the staging partial that the next pull
-    resumes, and it exists on Linux only. So a tiny watcher (``sh``) holds the read end of a pipe whose only writer is
-    gpurun: end of file without the all-clear line means gpurun is gone, and the watcher
-    kills the whole group (``kill -KILL -PGID``: dash's kill takes no ``--``). ``close()`` sends the all-clear, kills what is left of the group
-    and reaps both. ``folder``: removed by the watcher too, whichever way gpurun ends."""
-
-    def __init__(self, argv: list[str], folder: str = "", **popen: Any):
-        # no preexec_fn (PR_SET_PDEATHSIG): it forces a fork of the whole interpreter, ~20 ms
-        # a spawn against ~1 ms, and the watcher below covers the top process as well
-        self.proc = subprocess.Popen(argv, start_new_session=True, **popen)
-        self.pgid = self.proc.pid
-        rd, self._wr = os.pipe()  # non-inheritable: no other child of gpurun holds the write end
-        try:
-            self.watcher: Optional[subprocess.Popen] = subprocess.Popen(
-                ["/bin/sh", "-c", 'read -r _ || kill -KILL -"$1" 2>/dev/null; [ -z "$2" ] || rm -rf "$2"',
-                 "gpurun-pull-watch", str(self.pgid), folder], stdin=rd, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError:
-            self.watcher = None  # no /bin/sh: the per-job lock still keeps two pulls apart
-        finally:
-            os.close(rd)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-            self.proc.wait()
-        else:
-            self.kill()  # rsync exited; a straggler of its group (ssh) must not outlive it
-        try:
-            os.write(self._wr, b"ok\n")
-        except OSError:
-            pass
-        os.close(self._wr)
-        if self.watcher is not None:
-            self.watcher.wait()
 
 
 _CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"

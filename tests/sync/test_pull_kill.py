@@ -110,7 +110,7 @@ def test_kill_9_mid_transfer_leaves_no_writer_and_the_waiting_pull_finishes(ssh_
 
 CHILD = r'''
 import sys, time
-from orchestrator.sync.transfer import TransferGroup
+from orchestrator.sync.procgroup import TransferGroup
 # the shape of rsync's pull: a top process that forks workers (rsync's receiver, ssh), which
 # do not inherit PR_SET_PDEATHSIG
 g = TransferGroup(["/bin/sh", "-c", "sleep 60 & sleep 60 & echo $!; wait"], stdout=sys.stdout)

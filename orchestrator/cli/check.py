@@ -95,6 +95,8 @@ def _hint_text(hint: str, con: Any) -> str:
 
 
 def _human(out: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     from orchestrator.cli.render import console
     con = console()
     con.soft_wrap = True  # paths and hints stay whole lines: piped or in 80 columns, never cut mid-word
@@ -114,7 +116,9 @@ def _human(out: dict[str, Any]) -> None:
         con.print("[yellow]unreadable:[/] %s" % p)
     for f in out["findings"]:
         style = SEV_STYLE.get(str(f["severity"]), "")
-        con.print("  [%s]%-5s[/] %s at step %s" % (style, f["severity"], f["code"], f["step"]))
+        # which series, so a loss and a val loss NaN at one step read as two findings, not one twice
+        con.print("  [%s]%-5s[/] %s at step %s%s" % (style, f["severity"], f["code"], f["step"],
+                                                    " (%s)" % escape(str(f["series"])) if f.get("series") else ""))
         if f.get("hint") and f["severity"] != "info":
             con.print("        [dim]hint:[/] %s" % _hint_text(f["hint"], con))
     rev = out.get("reviewer")

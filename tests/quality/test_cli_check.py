@@ -143,3 +143,13 @@ def test_hints_fit_80_columns_on_a_terminal_and_stay_whole_lines_piped(isolated_
     lines = piped.stdout.splitlines()
     one = [ln for ln in lines if ln.lstrip().startswith("hint:")]
     assert len(one) == 1 and len(one[0]) > 80 and "\x1b" not in piped.stdout  # one whole line to grep
+
+
+def test_each_finding_names_its_series(isolated_home, tmp_path):
+    # the train loss and the val loss NaN at one step: two findings, told apart by their series
+    p = tmp_path / "train.log"
+    p.write_text("".join("step %d loss %s val_loss %s\n" % (i, v, v) for i, v in
+                         enumerate(["2.0", "1.8", "1.6", "nan", "nan", "nan"])))
+    res = _run([str(p)], isolated_home)
+    assert res.exit_code == 11, res.output
+    assert "nonfinite_loss at step 3 (loss)" in res.output and "nonfinite_loss at step 3 (val_loss)" in res.output

@@ -11,13 +11,13 @@ Every rule reads bounded tail windows, so a check costs the same on a 1M-point r
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.roles import is_quality_metric, role_of
+from orchestrator.quality.roles import role_of
 from orchestrator.quality.series import Run, Series, carried_bad, isfinite, median
 from orchestrator.quality.tables import ABORT_SERIES
+from orchestrator.quality.witness import finite_since, has_quality_metric, metric_holds, metric_improved, metric_moves
 
 Finding = Dict[str, object]
 DIV_WARN, DIV_STOP = 1.15, 1.5
@@ -35,6 +35,10 @@ def _num(x):
 def _r(x: float) -> float:
     return float("%.6g" % x) if isfinite(x) else str(x)  # type: ignore[return-value]
 
+
+# a held-out loss NaN beside a finite train loss and a quality metric: STOP once it stays NaN on
+# this many evals in a row (TextGCN's val_loss nan on every epoch, val_acc frozen at 0.32117)
+HELD_NAN_EVALS = 4
 
 EXP_MAX = 709.0  # math.exp raises OverflowError past ~709.78
 
@@ -87,8 +91,16 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             while streak >= 2 and k > 0 and len(s) - k < 100000 and not isfinite(vals[k - 1]):
                 k -= 1  # the onset is where the trailing run of NaN/Inf began
             step = s.steps[k]
-            better = _metric_improved(run, step) or (
-                name in ("val_loss", "eval_loss") and _metric_holds(run, main))
+            better = metric_improved(run, step) or (
+                name in ("val_loss", "eval_loss") and metric_holds(run, main))
+            if not better and name in ("val_loss", "eval_loss") and s is not main and streak < HELD_NAN_EVALS \
+                    and metric_moves(run) and finite_since(main, step):
+                # a held-out loss NaN on 2-3 evals while every train loss since is finite: the weights
+                # are finite (the train forward pass is), so the NaN is the eval's own computation
+                # (YOLO's val losses under AMP in its first epochs, mAP 0 meanwhile, then 0.68): the
+                # metric beside it says more on the next evals. (A metric at one value on every eval,
+                # TextGCN's val_acc 0.19512, is no model that predicts: no such grace.)
+                better = "train_loss_finite"
             if better:
                 # a loss NaN at every log while F1 rises 0.77 -> 0.89 (accuracy 0.31 -> 0.50): the
                 # loss's own computation overflows (fp16 eval, an empty batch, a logging mean over
@@ -101,7 +113,7 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
                                dict({"series": name, "nonfinite_of_last": sum(bad), "window": len(last),
                                      "last_finite": _last_finite(s)}, **({"bad_before_restart": carry} if carry else {})),
                                H.nonfinite(step, run.get("loss_scale") is not None), name))
-        elif streak == 1 and name in ("val_loss", "eval_loss") and s is not main and not _has_quality_metric(run):
+        elif streak == 1 and name in ("val_loss", "eval_loss") and s is not main and not has_quality_metric(run):
             # a held-out loss is a mean over a whole eval set, not one noisy batch: NaN or inf on the
             # latest eval, with no accuracy / F1 / mAP beside it to say the model still works, is
             # the last word on the model (TinyLlama's fp16 eval_loss nan, an SSD val loss of inf)
@@ -111,41 +123,6 @@ def nonfinite_loss(run: Run, opts: dict) -> List[Finding]:
             out.append(finding("nonfinite_loss", "warn", s.steps[-1], {"series": name, "count": 1},
                                H.nonfinite_one(name), name))
     return _witnessed(run, out)
-
-
-def _metric_holds(run: Run, train: Optional[Series]) -> Optional[str]:
-    """A held-out quality metric whose latest eval is finite, at half its best or more and not
-    one value throughout, beside a train loss whose latest log is finite: the model still
-    predicts, only the held-out loss's own computation overflows (YOLO's val losses nan in its
-    first epochs under AMP, mAP rising). A metric frozen at one value proves nothing (TextGCN's
-    val_acc 0.19512 on every epoch beside its nan val loss)."""
-    if train is None or not len(train) or not isfinite(train.values[-1]):
-        return None
-    for name in run.series:
-        if not is_quality_metric(name):
-            continue
-        vals = [v for v in run.series[name].values if isfinite(v)]
-        if vals and vals[-1] > 0 and vals[-1] >= 0.5 * max(vals) and min(vals) != max(vals):
-            return name
-    return None
-
-
-def _has_quality_metric(run: Run) -> bool:
-    return any(is_quality_metric(n) for n in run.series)
-
-
-def _metric_improved(run: Run, since: float) -> Optional[str]:
-    """A held-out quality metric (accuracy, F1, mAP...) logged twice or more from ``since`` on, now
-    1% or more above its value at ``since``: the model whose loss reads NaN still gets better."""
-    for name in run.series:
-        if not is_quality_metric(name):
-            continue
-        m = run.series[name]
-        i = bisect_left(m.steps, since)
-        vals = [v for v in m.values[i:] if isfinite(v)]
-        if len(vals) >= 2 and vals[-1] > vals[0] * 1.01 and vals[0] > 0:
-            return name
-    return None
 
 
 def _aborted(run: Run) -> List[Finding]:
@@ -193,7 +170,9 @@ def constant(s: Series) -> bool:
 
 
 def _last_finite(s: Series):
-    st, vs = s.finite_tail(1)
+    # scanning back past a long trailing run of NaN (finite_tail(1) looks 4 points back): "null"
+    # in the evidence must mean the loss was never finite, not that it went NaN 5 logs ago
+    st, vs = s.finite_tail(1, reach=100000)
     return {"step": _num(st[0]), "value": _r(vs[0])} if vs else None
 
 

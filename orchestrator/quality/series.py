@@ -169,12 +169,12 @@ class Series:
     def tail(self, n: int) -> List[float]:
         return list(self.values[-n:]) if n > 0 else []
 
-    def finite_tail(self, n: int) -> Tuple[List[float], List[float]]:
-        """Last ``n`` finite (step, value) pairs, scanning back at most 4n points."""
+    def finite_tail(self, n: int, reach: int = 0) -> Tuple[List[float], List[float]]:
+        """Last ``n`` finite (step, value) pairs, scanning back at most ``reach`` (default 4n) points."""
         st, vs = [], []
         vals, steps = self.values, self.steps
         i = len(vals) - 1
-        stop = max(-1, i - 4 * n)
+        stop = max(-1, i - (reach or 4 * n))
         while i > stop and len(vs) < n:
             v = vals[i]
             if v == v and v not in (math.inf, -math.inf):

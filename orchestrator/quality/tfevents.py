@@ -117,7 +117,9 @@ def _tensor_scalar(buf, i: int, end: int) -> Optional[float]:
 
 def parse_event(buf, i: int, end: int) -> Tuple[Optional[int], List[Tuple[str, float]]]:
     """Decode one Event payload: (step, [(tag, value)]) for its scalar summary values."""
-    step = None
+    # proto3 leaves a field at its default out of the wire: an event at step 0 has no step field
+    # (PyTorch's add_scalar(..., global_step=0), a Keras epoch 0). Absent means 0, not unknown.
+    step = 0
     out: List[Tuple[str, float]] = []
     while i < end:
         key = buf[i]

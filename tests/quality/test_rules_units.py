@@ -305,6 +305,21 @@ def test_a_nan_held_out_loss_beside_a_metric_that_still_works_is_a_warn():
     assert "nonfinite_loss" in codes(judge(run_of(ok + train_nan), {}))
 
 
+def test_a_held_out_loss_nan_on_a_few_evals_beside_a_finite_train_loss_waits_for_a_fourth():
+    # YOLOv8's first epochs under AMP: val losses nan on epochs 2-3 while mAP drops to 0 and the
+    # train loss stays finite (the weights are finite: their train forward pass is); epoch 4 reads
+    # 5.4 and mAP 0.68 by epoch 6. Four nan evals in a row beside a finite train loss are a STOP.
+    ok = [{"loss": v, "val_loss": 2.4, "map50": 0.07} for v in decaying(8)]
+    nan_evals = [{"loss": 1.3, "val_loss": math.nan, "map50": 0.0}] * 4
+    for n in (2, 3):
+        v = judge(run_of(ok + nan_evals[:n]), {})
+        assert "nonfinite_loss" not in codes(v) and "nonfinite_loss" in codes(v, ("warn",)), n
+    assert "nonfinite_loss" in codes(judge(run_of(ok + nan_evals), {}))
+    # the train loss nan too: no grace, two are a STOP
+    both = [{"loss": math.nan, "val_loss": math.nan, "map50": 0.0}] * 2
+    assert "nonfinite_loss" in codes(judge(run_of(ok + both), {}))
+
+
 def test_a_quantized_loss_on_its_grid_is_not_frozen():
     # a bf16 loss printed 4.3, 4.275, 4.25, 4.225, then "4.2" on 12 logs: it moves in steps of
     # 0.025, so 12 equal prints are 3 digits' worth of news, not a dead network

@@ -22,8 +22,7 @@ from orchestrator.quality.roles import accuracy_names, is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD, ABSURD_FLAT_LOGS = 1e6, 30  # a failure (unless the run started there and is moving)
-# broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall); past 1e30, falling
-# or not (D-FINE: 1.66e37, 1.58e37): fp32 ends at 3.4e38
+# broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall); past 1e30, falling or not (D-FINE: 1.66e37)
 HUGE, ASTRONOMICAL = 1e20, 1e30
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
@@ -364,8 +363,10 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     if not (tbest > 0 and median(tv) >= TRAIN_RISE * tbest):
         return []  # the cheap test first; then levels, not points: a noisy per-step loss sits
     _, tt = train.finite_tail(2000)  # 1.2x over its luckiest batch most of the time (a 0.01 RMSE)
-    blocks = [median(tt[i:i + 5]) for i in range(0, len(tt) - 4, 5)]
-    if blocks and median(tt[-5:]) < TRAIN_RISE * min(blocks):
+    b = max(5, block_size(len(tt)))  # the least of many block medians is a lucky streak: the rise
+    blocks = [median(tt[i:i + b]) for i in range(0, len(tt) - b + 1, b)]  # must clear 3 sigmas too
+    sig = block_noise([math.log(v) for v in blocks if v > 0]) if len(blocks) > 3 else 0.0
+    if blocks and median(tt[-2 * b:]) < max(TRAIN_RISE, math.exp(3.0 * sig)) * min(blocks):
         return []
     since = ev_loss.steps[len(ev_loss) - patience]
     lr = run.get("lr")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
+from bisect import bisect_left
 from typing import Iterable, List, Optional, Tuple
 
 from orchestrator.quality.series import SYNONYMS, Run
@@ -205,13 +207,13 @@ class TfEventsSource:
         return "ok"
 
     def _records(self, buf: bytes, base: int, run: Run, f) -> int:
-        """Decode complete records of ``buf``; returns the bytes consumed."""
+        """Decode complete records of ``buf``; returns the bytes consumed. Points go in through
+        ``_place`` unless they extend their tag's series in step order (the fast, common case)."""
         i = 0
         n_buf = len(buf)
         mv = memoryview(buf)
-        add = run.add_record
-        add1 = run.add_point
         names = self.names
+        axes = _axes(run)
         last = run.last_step if run.last_step is not None else -1.0
         nfast = 0
         syn = SYNONYMS
@@ -242,45 +244,82 @@ class TfEventsSource:
                     if buf[r] == 0x15 and r + 5 == p + n:
                         tb = buf[q + 6:r]
                         tgt = names.get(tb)
-                        if tgt is None:
-                            t = tb.decode("utf-8", "replace")
-                            if last >= 0:
-                                run.last_step = last
-                            add1(float(step), syn.get(t.lower(), t), _F32(buf, r + 1)[0])
-                            last = run.last_step
-                            ser = run.series.get(syn.get(t.lower(), t))
-                            if ser is not None:
-                                names[tb] = (ser.steps.append, ser.values.append, ser)
-                            i = end
-                            continue
-                        if step < last:  # a restart: the slow, careful path
-                            run.last_step = last
-                            add1(float(step), tgt[2].name, _F32(buf, r + 1)[0])
-                            last = step
-                        else:
-                            last = step
+                        if tgt is not None and step >= last:  # in order: no stored step is above last
                             tgt[0](step)
                             tgt[1](_F32(buf, r + 1)[0])
                             nfast += 1
+                            last = step
+                        else:  # a new tag, a step behind the clock, a tag placed on it: the careful path
+                            t = tb.decode("utf-8", "replace")
+                            ser = run.column(syn.get(t.lower(), t))
+                            if ser is not None:
+                                run.last_step = last
+                                last = _place(run, axes, ser, step, _F32(buf, r + 1)[0])
+                                if ser.name in axes:
+                                    names.pop(tb, None)
+                                else:
+                                    names[tb] = (ser.steps.append, ser.values.append)
                         i = end
                         continue
             if n <= MAX_DECODE:
                 step, vals = parse_event(mv, i + 12, i + 12 + n)
-                if vals and step is not None:
-                    if last >= 0:
+                for t, v in vals:
+                    ser = run.column(syn.get(t.lower(), t))
+                    if ser is not None:
                         run.last_step = last
-                    add(float(step), [(syn.get(t.lower(), t), v) for t, v in vals])
-                    last = run.last_step
+                        last = _place(run, axes, ser, step, v)
+                run.records += 1 if vals else 0
             else:
                 self.skipped += 1
             i = end
         run.records += nfast
         if last >= 0:
+            if run.first_step is None:
+                run.first_step = float(min((x.steps[0] for x in run.series.values() if len(x)), default=last))
             run.last_step = float(last)
         return i
 
     def state(self) -> dict:
         return {"offset": self.offset}
+
+
+# Each tag keeps its own step counter, as TensorBoard plots it: Keras writes ``epoch_loss`` at
+# steps 0, 1, 2... beside ``evaluation_loss_vs_iterations`` at 0, 500, 1000...; a script logs its
+# train loss per batch and its test loss per epoch. Read as one timeline, each lower step looked like
+# a restart and cut every series (a Keras run read as nearly nothing), and a test loss per epoch
+# compared with the train loss of the first epochs. So a tag whose steps fall behind the others' is
+# placed where it was written: at the highest step logged so far (the run's own clock), its own steps
+# kept aside (``_axes``). A restart is a tag whose own step goes back: every series is cut there.
+
+
+def _axes(run: Run) -> dict:
+    """Tag (series name) -> its own steps, for the tags placed on the run's clock; kept on the run,
+    which every file of a directory of event files shares."""
+    return run.meta.setdefault("tfevents_own_steps", {})  # type: ignore[return-value]
+
+
+def _place(run: Run, axes: dict, ser, step: float, v: float) -> float:
+    """Add one point; returns the run's highest step since (the clock)."""
+    last = run.last_step if run.last_step is not None else -1.0
+    own = axes.get(ser.name)
+    prev = own[-1] if own else (ser.steps[-1] if len(ser.steps) else None)
+    if prev is not None and step < prev:  # this tag's own step went back: a restart
+        cut = ser.steps[bisect_left(own, step)] if own and bisect_left(own, step) < len(ser.steps) else step
+        run.rewind(cut)
+        for name, steps in axes.items():  # the own steps of the points the cut removed go too
+            del steps[len(run.series[name].steps):]
+        last = max((x.steps[-1] for x in run.series.values() if len(x)), default=cut)
+        last = min(last, cut)
+    if step < last or own is not None:  # behind the clock: placed on it
+        if own is None:
+            own = axes[ser.name] = array("d", ser.steps)
+        own.append(step)
+        at = max(last, ser.steps[-1] if len(ser.steps) else last)
+    else:
+        at = step
+    ser.steps.append(at)
+    ser.values.append(v)
+    return max(last, at)
 
 
 def _vint(n: int) -> bytes:

@@ -61,6 +61,23 @@ def test_a_noisy_eval_loss_is_not_diverged_when_its_rise_is_within_its_noise():
     assert L.eval_diverged(run_of([{"loss": t, "val_loss": v} for t, v in zip(train, smooth)]), {})
 
 
+def test_a_noisy_per_batch_train_loss_has_not_risen_when_its_rise_is_within_its_noise():
+    # a train loss logged per batch at a flat level with +-40% from batch to batch (ResNet's
+    # 0.05-0.12): the least of many medians of a few batches is a lucky streak, not the level the
+    # run reached, so an eval loss 15% over its best for 5 evals is no "worse on every count"
+    rng = random.Random(5)
+    rows = []
+    for i in range(600):
+        row = {"loss": 0.08 * math.exp(rng.gauss(0, 0.4))}
+        if i % 20 == 19:
+            row["val_loss"] = 0.20 if i < 500 else 0.23
+        rows.append(row)
+    assert L.eval_diverged(run_of(rows), {}) == []
+    for row in rows[450:]:  # the same run whose train loss level then rose x1.8: diverged
+        row["loss"] *= 1.8
+    assert L.eval_diverged(run_of(rows), {})
+
+
 def test_a_nan_train_loss_while_dev_accuracy_keeps_improving_is_a_wait():
     nan = float("nan")
     rows = [{"loss": nan, "dev_acc": a} for a in (0.306, 0.268, 0.366, 0.428, 0.498)]

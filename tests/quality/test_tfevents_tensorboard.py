@@ -69,7 +69,9 @@ def _agree(run: Run, tb: Dict[str, List[Tuple[int, float]]]) -> None:
         name = SYNONYMS.get(tag.lower(), tag)
         s = run.series.get(name)
         assert s is not None, "%s (as %s) not read; read: %s" % (tag, name, sorted(run.series))
-        ours = list(zip(s.steps, s.values))
+        # a tag whose steps fell behind the others' is placed on the run's clock (``tfevents._place``),
+        # its own steps kept beside: those are TensorBoard's
+        ours = list(zip(run.meta.get("tfevents_own_steps", {}).get(name, s.steps), s.values))
         if len([t for t in tb if SYNONYMS.get(t.lower(), t) == name]) > 1:
             continue  # two tags named alike (loss, train/loss) share one series: counted below
         tail = pts[-len(ours):]
@@ -146,3 +148,46 @@ def test_real_event_files_of_the_corpus_read_as_tensorboard_reads_them(path):
     """Event files other people's trainers wrote (PyTorch, TensorFlow, Lightning...), committed to
     their repositories (tests/quality/corpus, cited in each split's labels.json)."""
     _agree(Tracker([str(path)]).update(), _tb_scalars(str(path)))
+
+
+def _write(d: Path, rows: List[Tuple[int, str, float]]) -> str:
+    w = EventFileWriter(str(d))
+    for step, tag, x in rows:
+        w.add_event(event_pb2.Event(step=step, wall_time=1.7e9 + len(tag), summary=Summary(value=[_scalar("simple", tag, x)])))
+    w.close()
+    return str(next(d.glob("events.out.tfevents.*")))
+
+
+def test_tags_on_their_own_step_counters_are_no_restart(tmp_path):
+    """Keras' callback: ``evaluation_loss_vs_iterations`` at iteration steps, ``epoch_loss`` at
+    epoch steps 0, 1, 2..., in one file. Each epoch's lower step is no restart: both series keep
+    every point, the epoch one placed on the iteration clock where it was written."""
+    rows = []
+    for e in range(5):
+        rows += [((e + 1) * 100, "evaluation_loss_vs_iterations", 2.0 - 0.3 * e), (e, "epoch_loss", 1.9 - 0.3 * e)]
+    path = _write(tmp_path, rows)
+    run = Tracker([path]).update()
+    assert run.restarts == []
+    ev, ep = run.series["evaluation_loss_vs_iterations"], run.series["epoch_loss"]
+    assert list(ev.steps) == [100, 200, 300, 400, 500] and len(ep) == 5
+    assert list(ep.steps) == [100, 200, 300, 400, 500]  # where each epoch's value was written
+    assert list(run.meta["tfevents_own_steps"]["epoch_loss"]) == [0, 1, 2, 3, 4]
+    _agree(run, _tb_scalars(path))
+
+
+def test_a_tag_whose_own_step_goes_back_is_a_restart(tmp_path):
+    # a resumed run appending steps 30-60 after 1-50: one restart, the points of 30-50 replaced
+    rows = [(s, t, 5.0) for s in range(1, 51) for t in ("loss", "lr")]
+    rows += [(s, t, 4.0) for s in range(30, 61) for t in ("loss", "lr")]
+    run = Tracker([_write(tmp_path, rows)]).update()
+    assert run.restarts == [30]
+    loss = run.get("loss")
+    assert list(loss.steps) == list(range(1, 61)) and loss.values[28] == 5.0 and loss.values[29] == 4.0
+    # the Keras layout trained twice into one folder: the second fit starts both counters again
+    rows = []
+    for fit in range(2):
+        for e in range(5 - 2 * fit):
+            rows += [((e + 1) * 100, "evaluation_loss_vs_iterations", 2.0 + fit), (e, "epoch_loss", 1.0 + fit)]
+    run = Tracker([_write(tmp_path / "twice", rows)]).update()
+    assert run.restarts and list(run.series["epoch_loss"].values) == [2.0] * 3
+    assert list(run.series["evaluation_loss_vs_iterations"].steps) == [100, 200, 300]

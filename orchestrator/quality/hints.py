@@ -117,7 +117,7 @@ GRAD_VANISH = ("grad norm vanished: check residual connections / normalisation /
                "tiny, and that the parameters are in the optimizer.")
 THROUGHPUT = ("throughput fell below 0.7x its run median: data-loader bound, thermal throttling, another process "
               "on the GPU or host-RAM pressure; `gpurun gpu` for the same window usually says which.")
-NEGATIVE = "a loss bounded below by 0 went negative: a sign error or a wrong reduction in the loss; set quality.loss_bounded_below: false if negative values are legitimate."
+NEGATIVE = "the loss went below 0: for a cross-entropy or an MSE a sign error or a wrong reduction (quality.loss_bounded_below: true makes this a STOP); a log-density may be negative (false silences it)."
 
 
 def divergence(run: Run, onset) -> str:

@@ -43,18 +43,18 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 #   slightly worse than the baseline but early: below_baseline at warn level, before half the run
 AMBIGUOUS = {"no_learning": "flat", "frozen": "flat", "flat_start": "flat", "spike": "noisy", "divergence": "noisy",
              "level_shift": "noisy", "divergence_best": "noisy", "eval_regression": "noisy",
-             "below_baseline": "baseline", "short_ended": "short"}
+             "below_baseline": "baseline", "short_ended": "short", "negative_loss": "sign"}
 AMBIGUOUS_STOP = ("no_learning",)  # the only STOP a reviewer may overrule: flat, nothing broken
 CLEAR_BAD = ("nonfinite_loss", "loss_collapse")  # any severity: NaN/Inf or a zero loss is never unsure
 EARLY = 0.5  # "early": before this fraction of the planned steps (or the plan is unknown)
 QUESTION = {"flat": "the loss is flat but not diverging: a plateau, or no learning at all?",
             "noisy": "the metrics are noisy and the trend is unclear",
             "baseline": "slightly worse than the declared baseline, but the run is still early",
+            "sign": "the loss went below 0: a log-density's (fine) or a sign error's?",
             "short": "the run has ended after too few logged points for the rule-based trend tests: "
                      "judge it from the values shown, failed or fine?"}
 # an ended run this short (and at least 2 points long) asks: its "not enough data" WAIT can never
-# resolve by waiting, so it is the seed's unsure row (a running job's short log just waits)
-SHORT_MIN = 2
+SHORT_MIN = 2  # resolve by waiting, so it is the seed's unsure row (a running job's short log just waits)
 
 
 def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: int = 13) -> Optional[dict]:

@@ -227,6 +227,18 @@ def test_an_rl_loss_below_zero_and_a_warm_restart_are_by_design():
     every = ("stop", "warn", "info")
     assert "negative_loss" not in codes(judge(run_of(ppo), {}), every)
     assert "negative_loss" in codes(judge(run_of([{"loss": 0.36 - 0.05 * i} for i in range(12)]), {}), every)
+
+
+def test_a_loss_gone_below_zero_is_the_reviewer_s_unless_the_profile_says_it_is_bounded():
+    # a flow's or a Gaussian NLL's log-density goes below 0 by design, a cross-entropy never does:
+    # the log cannot tell them apart, so by default it is a WAIT that asks; the profile decides
+    from orchestrator.quality.reviewer import ambiguity
+    rows = [{"loss": 0.36 - 0.05 * i} for i in range(20)]
+    v = judge(run_of(rows), {})
+    assert "negative_loss" in codes(v, ("warn",)) and v["verdict"] != "STOP"
+    assert ambiguity(v)["code"] == "negative_loss"
+    assert "negative_loss" in codes(judge(run_of(rows), {"loss_bounded_below": True}))
+    assert "negative_loss" not in codes(judge(run_of(rows), {"loss_bounded_below": False}), ("stop", "warn", "info"))
     # every eval worse for 5 evals and the train loss up x1.3, but the LR just restarted (SGDR)
     rows = [{"loss": 1.0 - 0.05 * i, "val_loss": 1.0 - 0.05 * i, "lr": 0.01 * 0.8 ** i} for i in range(10)]
     rows += [{"loss": 0.9 + 0.1 * i, "val_loss": 0.9 + 0.1 * i, "lr": 0.01 * 0.8 ** i} for i in range(6)]

@@ -176,7 +176,8 @@ class TfEventsSource:
         self.offset = 0
         self.verify = verify  # "none" | "first" (length CRC of the first record) | "length"
         self.skipped = 0
-        self.names: dict = {}
+        self.names: dict = {}  # tag bytes -> the appends of its series, for tags not placed (``_place``)
+        self.placed = 0
 
     def poll(self, run: Run) -> str:
         size = os.path.getsize(self.path)
@@ -214,6 +215,9 @@ class TfEventsSource:
         mv = memoryview(buf)
         names = self.names
         axes = _axes(run)
+        if len(axes) != self.placed:  # another file of the directory placed a tag this one had cached
+            names.clear()
+            self.placed = len(axes)
         last = run.last_step if run.last_step is not None else -1.0
         nfast = 0
         syn = SYNONYMS

@@ -117,6 +117,7 @@ GRAD_VANISH = ("grad norm vanished: check residual connections / normalisation /
                "tiny, and that the parameters are in the optimizer.")
 THROUGHPUT = ("throughput fell below 0.7x its run median: data-loader bound, thermal throttling, another process "
               "on the GPU or host-RAM pressure; `gpurun gpu` for the same window usually says which.")
+RETURN_COLLAPSE = ("the episode return fell back to where the run started (a random policy's) after it had learned, and stays there: the policy collapsed (a diverged value function, an LR too high, a policy stuck on one action). Resume from the checkpoint at the best return, at a lower LR.")
 NEGATIVE = "the loss went below 0: for a cross-entropy or an MSE a sign error or a wrong reduction (quality.loss_bounded_below: true makes this a STOP); a log-density may be negative (false silences it)."
 
 

@@ -29,6 +29,7 @@ from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_gan as G
 from orchestrator.quality import rules_level as L
+from orchestrator.quality import rules_rl as RL
 from orchestrator.quality import rules_short as S
 from orchestrator.quality import rules_zero as Z
 from orchestrator.quality.roles import RETURN_NAMES, RETURN_WORDS, RL_WORDS, is_gan, is_objective, names_with
@@ -48,6 +49,7 @@ RULES: Dict[str, Callable] = {
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening, "short_shift": S.short_shift, "gan_d_wins": G.gan_d_wins,
+    "return_collapse": RL.return_collapse,
 }
 # finding code -> rule that produced it, for codes whose STOP needs confirmation
 # (a divergence STOPs only once the run has ended, ``rules.divergence``: its last word needs none)
@@ -69,7 +71,7 @@ OBJECTIVE_VETO = GAN_VETO + ("eval_diverged", "overfit")
 STOP_ORDER = {c: i for i, c in enumerate((
     "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck",
     "saturated_loss", "above_uniform", "frozen", "lr_invalid", "lr_zero", "nonfinite_grad", "level_shift",
-    "divergence_best", "gan_d_wins", "eval_diverged", "metric_zero", "metric_collapse", "eval_frozen", "overfit",
+    "divergence_best", "gan_d_wins", "return_collapse", "eval_diverged", "metric_zero", "metric_collapse", "eval_frozen", "overfit",
     "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 

@@ -9,12 +9,10 @@ Two kinds, both asked only for an *ambiguous* verdict (``ambiguity``, the one de
   JSON summary (``review_payload``) on stdin and prints the word.
 
 The answer, when asked, is the verdict: exactly one of STOP / CONTINUE / WAIT (``parse_answer``);
-anything else, a timeout, a refused connection, HTTP 429/5xx, a malformed body or a missing key
-is WAIT with the reason recorded: never STOP on an error. The key is read through a lookup the
-caller passes (the agent: its secrets file, then the environment; the controller: the
-environment); it goes into the ``Authorization`` header and nowhere else: not the verdict, not
-the evidence, not an event, not an error note.
-
+anything else, a timeout, a refused connection, HTTP 429/5xx, a malformed body or a missing key is
+WAIT with the reason recorded: never STOP on an error. The key is read through a lookup the caller
+passes (the agent: its secrets file, then the environment; the controller: the environment) and
+goes into the ``Authorization`` header only: not the verdict, the evidence, an event, an error.
 Stdlib only (ships to the box), Python >= 3.8.
 """
 
@@ -40,10 +38,11 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 #   flat but not diverging:  no_learning (even at STOP: a flat loss is a judgment call), frozen
 #   noisy, no clear trend:   spike (not yet recovered or not), divergence at warn level (up, but
 #                            below the STOP ratio or not confirmed), eval_regression at warn level
-#   slightly worse than the baseline but early: below_baseline at warn level, before half the run
+#   slightly worse than the baseline but early: below_baseline at warn level, before half the run;
+#   a sign, a return's fall the log cannot settle: negative_loss, return_collapse (warn)
 AMBIGUOUS = {"no_learning": "flat", "frozen": "flat", "flat_start": "flat", "spike": "noisy", "divergence": "noisy",
-             "level_shift": "noisy", "divergence_best": "noisy", "eval_regression": "noisy",
-             "below_baseline": "baseline", "short_ended": "short", "negative_loss": "sign"}
+             "level_shift": "noisy", "divergence_best": "noisy", "eval_regression": "noisy", "below_baseline": "baseline",
+             "short_ended": "short", "negative_loss": "sign", "return_collapse": "return"}
 AMBIGUOUS_STOP = ("no_learning",)  # the only STOP a reviewer may overrule: flat, nothing broken
 CLEAR_BAD = ("nonfinite_loss", "loss_collapse")  # any severity: NaN/Inf or a zero loss is never unsure
 EARLY = 0.5  # "early": before this fraction of the planned steps (or the plan is unknown)
@@ -51,10 +50,10 @@ QUESTION = {"flat": "the loss is flat but not diverging: a plateau, or no learni
             "noisy": "the metrics are noisy and the trend is unclear",
             "baseline": "slightly worse than the declared baseline, but the run is still early",
             "sign": "the loss went below 0: a log-density's (fine) or a sign error's?",
-            "short": "the run has ended after too few logged points for the rule-based trend tests: "
-                     "judge it from the values shown, failed or fine?"}
-# an ended run this short (and at least 2 points long) asks: its "not enough data" WAIT can never
-SHORT_MIN = 2  # resolve by waiting, so it is the seed's unsure row (a running job's short log just waits)
+            "return": "the episode return fell back to its start after it had learned: a collapse or a long dip?",
+            "short": "the run has ended after too few logged points for the rule-based trend tests: judge it "
+                     "from the values shown, failed or fine?"}
+SHORT_MIN = 2  # an ended run this short asks: its "too few points" WAIT cannot resolve by waiting
 
 
 def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: int = 13) -> Optional[dict]:
@@ -75,8 +74,8 @@ def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: 
             return None
         if f.get("severity") == "stop" and f.get("code") not in AMBIGUOUS_STOP:
             return None
-    points = int(verdict.get("points") or 0)
-    if points < min_points:
+    points = int(verdict.get("points") or 0)  # (a return's fall is judged on the return: no loss needed)
+    if points < min_points and not any(f.get("code") == "return_collapse" for f in findings):
         if verdict.get("final") and points >= SHORT_MIN and verdict.get("verdict") == "WAIT":
             return {"code": "short_ended", "severity": "warn", "step": verdict.get("last_step"), "series": "",
                     "evidence": {"points": points, "needed": min_points}, "hint": ""}

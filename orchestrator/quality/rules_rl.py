@@ -16,6 +16,7 @@ Same contract as ``rules.py``.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import List
 
 from orchestrator.quality import hints as H
@@ -38,6 +39,7 @@ def _words(name: str) -> List[str]:
     return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
 
 
+@lru_cache(maxsize=4096)  # asked of every series at every check: names repeat
 def is_return(name: str) -> bool:
     """An episode return by its name: ``Eval_AverageReturn``, ``Environment/Cumulative Reward``,
     ``rollout/ep_rew_mean``, ``episode_reward``; not ``Eval_StdReturn`` or ``rewards/chosen``."""

@@ -363,8 +363,8 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     if not (tbest > 0 and median(tv) >= TRAIN_RISE * tbest):
         return []  # the cheap test first; then levels, not points: a noisy per-step loss sits
     _, tt = train.finite_tail(2000)  # 1.2x over its luckiest batch most of the time (a 0.01 RMSE)
-    b = max(5, block_size(len(tt)))  # the least of many block medians is a lucky streak: the rise
-    blocks = [median(tt[i:i + b]) for i in range(0, len(tt) - b + 1, b)]  # must clear 3 sigmas too
+    b = max(5, block_size(len(tt)))  # the least of many medians of a few noisy batches is a lucky
+    blocks = [median(tt[i:i + b]) for i in range(0, len(tt) - b + 1, b)]  # streak: 3 sigmas, too
     sig = block_noise([math.log(v) for v in blocks if v > 0]) if len(blocks) > 3 else 0.0
     if blocks and median(tt[-2 * b:]) < max(TRAIN_RISE, math.exp(3.0 * sig)) * min(blocks):
         return []

@@ -34,7 +34,7 @@ CHANCE_ACC_BAND = 0.01  # the eval loss near ln K while the eval accuracy is exa
 CHANCE_WIT_BAND, CHANCE_WIT_ACC, CHANCE_WIT_TRAIN = 0.02, 0.3, 0.10
 
 # the level (as a fraction: a metric printed in percent is divided by 100) a metric must have
-# reached before its fall to 0 is a collapse: 0.1 mAP is a detector that finds things
+# held before its fall to 0 is a collapse: 0.1 mAP is a detector that finds things
 FELL_FROM = 0.1
 ZERO_EVALS = 2  # one metric at 0 on this many evals in a row, or two metrics at 0 on one
 
@@ -66,19 +66,19 @@ def metric_zero(run: Run, opts: dict) -> List[Finding]:
             continue
         best = max(before)
         scale = 100.0 if best > 1.0 else 1.0  # a percent (mAP 45.2) or a fraction (0.452)
-        if best / scale >= FELL_FROM:
+        # held on two evals: one lucky first eval (recall 0.48, 0, 0, then it learns) is noise
+        if sum(v >= FELL_FROM * scale for v in before) >= 2:
             fallen[name] = (k, s.steps[n - k], best)
     if not fallen:
         return []
-    last = {run.series[n].steps[-1] for n in fallen}
-    together = len(fallen) >= 2 and len(last) == 1
+    together = len(fallen) >= 2 and len({run.series[n].steps[-1] for n in fallen}) == 1
     stays = max(k for k, _, _ in fallen.values()) >= ZERO_EVALS
     onset = min(at for _, at, _ in fallen.values())
     names = sorted(fallen)
     ev = {"metrics": names[:6], "best_before": {n: _r(fallen[n][2]) for n in names[:6]},
           "zero_evals": max(k for k, _, _ in fallen.values()), "onset_step": _num(onset)}
     # on 2 evals, together or not: one eval's P, R and mAP at 0 at once is one event (a model that
-    # predicted nothing once; an eval cut by ultralytics' NMS time limit), the next eval says more
+    # predicted nothing once; an eval cut by ultralytics' NMS time limit), the next says more
     ev["together"] = together
     return [finding("metric_zero", "stop" if stays else "warn", onset, ev, H.METRIC_ZERO, names[0])]
 

@@ -117,6 +117,19 @@ def test_a_metric_collapse_on_two_evals_stops_and_one_eval_waits_unless_the_run_
     assert "metric_zero" not in stops(judge(run_of(back)))
 
 
+def test_a_metric_at_zero_after_one_lucky_first_eval_is_no_collapse():
+    # YOLOv8l (blind holdout 18, spent): recall 0.48 on its first eval, 0 on the next two, then the
+    # detector learns to 0.99. A level seen on one eval is a single noisy point, not a level held.
+    evals = [(0.08, 0.48, 0.07), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)]
+    rows = [{"loss": 1.0 - 0.01 * i, "metrics/precision": p, "metrics/recall": r, "metrics/mAP_0.5": m}
+            for i, (p, r, m) in enumerate(evals)]
+    assert "metric_zero" not in stops(judge(run_of(rows)))
+    held = [(0.3, 0.48, 0.2)] * 2 + evals[1:]  # held on two evals, then 0 on two: a collapse
+    rows = [dict(r, **{"metrics/precision": p, "metrics/recall": rc, "metrics/mAP_0.5": m})
+            for r, (p, rc, m) in zip(rows + rows[-1:], held)]
+    assert "metric_zero" in stops(judge(run_of(rows)))
+
+
 def test_a_metric_constant_on_every_eval_holds_no_veto():
     # YOLO11-cls on 3 classes (blind holdout 26, spent): top-5 accuracy is 1.0 on every eval, so it
     # "held" and vetoed the overfit of a val loss at 4x its best with top-1 below its first eval

@@ -292,15 +292,20 @@ def _return_veto(run: Run, findings: List[dict]) -> None:
 
 def _held(ret, since: float) -> Optional[bool]:
     """Whether the return now (the median of its last ``HELD_N`` logs) is at least the return at
-    ``since`` (the median of the ``HELD_N`` logged up to it, else its first ones) less 10% of it;
-    None when fewer than 2 were logged from ``since`` on: no evidence yet. Medians: one episode's
-    return is noisy (CartPole's 17, 26, 25, 20, 14 at one policy), a pair of them says nothing."""
+    ``since`` (the median of the ``2 * HELD_N`` logged up to it, else its first ones) less 10% of
+    it or two of its own sigmas there (MAD), whichever is more; None when fewer than 2 were logged
+    from ``since`` on: no evidence yet. Medians and sigmas: one episode's return is noisy
+    (CartPole's 17, 36, 25, 14, 22 at one random policy), a pair of them says nothing."""
     at = bisect_left(ret.steps, since)
     if len(ret) - at < 2:
         return None
     now = [v for v in ret.values[-HELD_N:] if isfinite(v)]
-    then = [v for v in ret.values[max(0, min(at + 1, len(ret)) - HELD_N):at + 1] if isfinite(v)]
-    return bool(now and then) and median(now) >= median(then) - HELD_SLACK * abs(median(then))
+    then = [v for v in ret.values[max(0, min(at + 1, len(ret)) - 2 * HELD_N):at + 1] if isfinite(v)]
+    if not (now and then):
+        return False
+    ref = median(then)
+    sigma = 1.4826 * median([abs(v - ref) for v in then])
+    return median(now) >= ref - max(HELD_SLACK * abs(ref), 2.0 * sigma)
 
 
 HELD_N, HELD_SLACK = 5, 0.1  # (a return within 10% of where it was has held: 11 against 12 is noise)

@@ -78,6 +78,19 @@ def test_an_episode_counts_the_steps_and_a_noisy_return_that_rose_vetoes_a_td_lo
     assert _stops(verdicts(q, first=30)) != []
 
 
+def test_a_td_loss_rise_beside_a_random_policy_s_noisy_return_waits(tmp_path):
+    # a DQN on CartPole (blind holdout 54, spent): the TD loss doubles in its first 24 episodes
+    # while the return is a random policy's 10-36. A 5-episode median 22 -> 14 is inside two of the
+    # return's own sigmas: no evidence the policy got worse, so the loss rise is the reviewer's
+    noise = [17, 26, 25, 20, 14, 10, 15, 17, 36, 25, 34, 14, 15, 23, 25, 22, 22, 29, 17, 10, 36, 13, 23, 14]
+    loss = lambda i: 1.0 + (0.04 * i if i < 16 else 0.35 + 0.05 * i) + 0.05 * math.sin(i)
+    p = write_log(tmp_path, _dqn(24, lambda i: float(noise[i - 1]), loss))
+    assert _stops(verdicts(p, first=12)) == []
+    # twin: the same rise while the return leaves that noise for good (CartPole 200 -> 12) stops
+    q = write_log(tmp_path, _dqn(24, lambda i: 200.0 - 0.3 * noise[i - 1] if i < 17 else 12.0, loss), "fall.log")
+    assert _stops(verdicts(q, first=12)) != []
+
+
 def _lstm(spike_at: int, after) -> list:
     vals = [8.8 * math.exp(-i / 6) + 0.44 + 0.02 * math.sin(i) for i in range(spike_at)]
     vals += after

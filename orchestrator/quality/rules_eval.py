@@ -1,7 +1,6 @@
-"""The rules on held-out metrics: quality metrics fallen to exactly zero (a detector whose mAP,
-precision and recall read 0 after it had learned), an eval loss that never changes, an eval
-loss pinned at chance, ln(K), and an eval loss that overfits (far above its best, every metric
-no better, while the train loss falls).
+"""The rules on held-out metrics: quality metrics fallen to zero (a detector whose mAP, precision and
+recall read 0 after it had learned), an eval loss that never changes, one pinned at chance, ln(K),
+and one that overfits (far above its best, every metric no better, while the train loss falls).
 
 Same contract as ``rules.py``. A metric that was 0 from its first eval says nothing here: a
 detector trained from scratch prints P 0, R 0, mAP 0 for its first epochs, and a healthy run
@@ -19,7 +18,7 @@ from orchestrator.quality import hints as H
 from orchestrator.quality.roles import accuracy_names, as_fraction, is_accuracy, is_quality_metric
 from orchestrator.quality.rules import Finding, _num, _r, constant, finding
 from orchestrator.quality.rules_level import block_noise, metric_sign
-from orchestrator.quality.series import Run, Series, isfinite, median
+from orchestrator.quality.series import Run, Series, isfinite, median, per_step
 
 # a loss at chance, ln(K) (``rules_flat.chance_stuck`` for the train loss, ``chance_eval`` here)
 CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
@@ -366,15 +365,17 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     ev, train = run.get("eval_loss") or run.get("val_loss"), run.get("loss")
     if ev is None or train is None or ev is train or len(ev) < OVERFIT_EVALS + 2:
         return []
+    if len(set(ev.steps[-OVERFIT_EVALS:])) < OVERFIT_EVALS:  # logged per batch: an eval per step
+        ev = per_step(ev)
     vals, steps = ev.values, ev.steps
     last = vals[-OVERFIT_EVALS:]
     # the run's lowest eval loss (kept on the series as it grows): when the last evals clear 1.5x
     # of it, it was logged before them, so it is their best; the common case costs 5 comparisons
     best = ev.low()
-    if not (best >= OVERFIT_FLOOR) or not all(isfinite(v) for v in last) or min(last) < OVERFIT_RATIO * best:
+    if len(vals) < OVERFIT_EVALS + 2 or not best >= OVERFIT_FLOOR or not all(map(isfinite, last)) \
+            or min(last) < OVERFIT_RATIO * best:
         return []
-    i = vals.index(best)
-    at = steps[i]
+    at = steps[i := vals.index(best)]
     sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - OVERFIT_EVALS - 20):-OVERFIT_EVALS]
                          if isfinite(v) and v > 0])
     if min(last) < best * max(OVERFIT_RATIO, math.exp(3.0 * sigma)):
@@ -395,6 +396,5 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     k = len(vals) - OVERFIT_EVALS
     while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= OVERFIT_RATIO * best:
         k -= 1
-    return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at),
-                                                   "latest": _r(vals[-1]), "ratio": _r(min(last) / best),
-                                                   "evals": OVERFIT_EVALS}, H.OVERFIT, ev.name)]
+    return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at), "latest":
+                    _r(vals[-1]), "ratio": _r(min(last) / best), "evals": OVERFIT_EVALS}, H.OVERFIT, ev.name)]

@@ -1,13 +1,11 @@
 """The step-keyed series model: one ``Run`` holds every metric as (step, value) arrays.
 
-Robust to restarts (a record whose step goes backwards starts a new timeline: the abandoned
-points at or after that step are dropped, as TensorBoard and W&B do) and to NaN/Inf tokens
-(kept as float nan/inf so rules can see them). Stdlib only.
+Robust to restarts (a record whose step goes backwards starts a new timeline: the points at or
+after it are dropped, as TensorBoard and W&B do) and to NaN/Inf (kept, for the rules). Stdlib only.
 
 A periodic check judges a run that only grew since the last one, so what a rule needs from the
-whole history is kept on the ``Series`` as points arrive (``low``: the lowest finite value;
-``peak``: maxima of whole blocks) and ``Run.upto`` cuts a series only when a rule reads it: the
-judge's cost does not grow with a 1M-point history.
+whole history is kept on the ``Series`` as points arrive (``low``, ``peak``) and ``Run.upto`` cuts
+a series only when a rule reads it: the judge's cost does not grow with a 1M-point history.
 """
 
 from __future__ import annotations
@@ -24,20 +22,16 @@ from orchestrator.quality.roles import _FROM_PPL, ROLES, declares, is_objective,
 # canonical series name <- raw key (lowercase, stripped). Unknown keys keep their raw name.
 SYNONYMS: Dict[str, str] = {}
 for _canon, _keys in {
-    "loss": ("loss", "train_loss", "train loss", "trl", "lm loss", "lm_loss", "train/loss",
-             "train_loss_step", "mean_loss", "losses", "loss_step", "training_loss", "train/lm_loss",
-             "lossvalue", "loss_value"),  # (insightface's MXNet "lossvalue=4.49")
-    "val_loss": ("val_loss", "val loss", "tel", "valid_loss", "validation_loss", "val/loss",
-                 "validation loss", "valid loss", "eval/loss", "test_loss"),
+    "loss": ("loss", "train_loss", "train loss", "trl", "lm loss", "lm_loss", "train/loss", "train_loss_step",
+             "mean_loss", "losses", "loss_step", "training_loss", "train/lm_loss", "lossvalue", "loss_value"),
+    "val_loss": ("val_loss", "val loss", "tel", "valid_loss", "validation_loss", "val/loss", "validation loss",
+                 "valid loss", "eval/loss", "test_loss"),
     "eval_loss": ("eval_loss",),
-    "lr": ("lr", "learning_rate", "learning rate", "train/learning_rate", "lr-adamw", "lr-adam",
-           "train/lr"),
-    "grad_norm": ("grad_norm", "grad norm", "norm", "gnorm", "grad_norm_total", "train/grad_norm",
-                  "gradient_norm"),
+    "lr": ("lr", "learning_rate", "learning rate", "train/learning_rate", "lr-adamw", "lr-adam", "train/lr"),
+    "grad_norm": ("grad_norm", "grad norm", "norm", "gnorm", "grad_norm_total", "train/grad_norm", "gradient_norm"),
     "loss_scale": ("loss scale", "loss_scale", "train/loss_scale"),
-    "throughput": ("tokens/sec", "tokens_per_s", "tokens_per_sec", "tok/s", "wps", "samples/sec",
-                   "samples per second", "samples_per_second", "train_samples_per_second",
-                   "throughput", "tokens per second", "ups"),
+    "throughput": ("tokens/sec", "tokens_per_s", "tokens_per_sec", "tok/s", "wps", "samples/sec", "samples per second",
+                   "samples_per_second", "train_samples_per_second", "throughput", "tokens per second", "ups"),
     "iters_per_s": ("it/sec", "it/s", "iters_per_s", "steps_per_second", "train_steps_per_second"),
     "step_time": ("time", "iter time", "step_time", "elapsed time per iteration (ms)",
                   "iter_time", "dt", "time_ms", "batch_time"),
@@ -166,9 +160,6 @@ class Series:
         vals = self.values
         return next((vals[i] for i in range(bisect_right(self.steps, step) - 1, -1, -1) if isfinite(vals[i])), None)
 
-    def tail(self, n: int) -> List[float]:
-        return list(self.values[-n:]) if n > 0 else []
-
     def finite_tail(self, n: int, reach: int = 0) -> Tuple[List[float], List[float]]:
         """Last ``n`` finite (step, value) pairs, scanning back at most ``reach`` (default 4n) points."""
         st, vs = [], []
@@ -184,9 +175,6 @@ class Series:
         st.reverse()
         vs.reverse()
         return st, vs
-
-    def last_step(self) -> Optional[float]:
-        return self.steps[-1] if self.steps else None
 
 
 class Run:
@@ -367,6 +355,18 @@ class Run:
             return self
         idx = max(0, min(len(main) - 1, int(len(main) * n_records_frac) - 1))
         return self.upto(main.steps[idx])
+
+
+def per_step(s: Series) -> Series:
+    """One point per step, the mean of its finite values (NaN when none): a test loss logged per
+    batch at one step (20 at step 117) is one eval, and its luckiest batch no best of the run."""
+    out, i = Series(s.name), 0
+    while i < len(s):
+        j = bisect_right(s.steps, s.steps[i], i)
+        ok = [v for v in s.values[i:j] if isfinite(v)]
+        out.add(s.steps[i], sum(ok) / len(ok) if ok else math.nan)
+        i = j
+    return out
 
 
 def _trailing_bad(vals: Sequence[float], lo: int) -> int:

@@ -15,6 +15,7 @@ import sys
 from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_level as L
 from orchestrator.quality.judge import judge
+from orchestrator.quality.series import Run
 from quality.synth import run_of, stop_codes as stops
 
 # a Keras classifier (epochs 0-24): the val loss bottoms at epoch 3 and doubles, val accuracy flat
@@ -128,6 +129,28 @@ def test_a_metric_at_zero_after_one_lucky_first_eval_is_no_collapse():
     rows = [dict(r, **{"metrics/precision": p, "metrics/recall": rc, "metrics/mAP_0.5": m})
             for r, (p, rc, m) in zip(rows + rows[-1:], held)]
     assert "metric_zero" in stops(judge(run_of(rows)))
+
+
+def test_a_test_loss_logged_per_batch_is_judged_one_eval_per_step():
+    # a d2l ResNet (blind holdout 67, spent): the test loss logged per batch, 20 batches at each of
+    # 10 steps, the batches 0.15-0.38 while the mean holds; its luckiest batch was no best
+    rng = random.Random(7)
+    run = Run()
+    for e in range(10):
+        step = 117.0 * (e + 1)
+        for b in range(20):
+            run.add_record(step - 20 + b, [("loss", 2.0 * 0.8 ** e + 0.01 * b)])
+        for b in range(20):
+            run.add_point(step, "val_loss", (0.15 if (e, b) == (6, 3) else rng.uniform(0.22, 0.38)))
+    assert E.overfit(run, {}) == []
+    # twin: the per-step means doubling while the train loss falls is overfitting still
+    for e in range(10, 16):
+        step = 117.0 * (e + 1)
+        run.add_record(step - 1, [("loss", 2.0 * 0.8 ** e)])
+        for b in range(20):
+            run.add_point(step, "val_loss", rng.uniform(0.6, 0.7))
+    f = E.overfit(run, {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["best"] > 0.2
 
 
 def test_a_metric_constant_on_every_eval_holds_no_veto():

@@ -32,7 +32,7 @@ from orchestrator.quality import rules_level as L
 from orchestrator.quality import rules_rl as RL
 from orchestrator.quality import rules_short as S
 from orchestrator.quality import rules_zero as Z
-from orchestrator.quality.roles import RETURN_NAMES, RETURN_WORDS, RL_WORDS, is_gan, is_objective, names_with
+from orchestrator.quality.roles import RL_WORDS, is_gan, is_objective, is_return, names_with
 from orchestrator.quality.series import Run, isfinite, median
 from orchestrator.quality.sources import Tracker, source_notes
 
@@ -275,8 +275,7 @@ def _return_veto(run: Run, findings: List[dict]) -> None:
     divergence while the episode return holds, or has not been logged twice since the rise (a
     return every 1,000 steps, a loss every 200). A return lower now than at the rise's onset lets
     the STOP stand; non-finite, collapse and x100 are not trend rules and are never vetoed."""
-    rets = [n for n in run.series if (n.lower() in RETURN_NAMES or any(w in n.lower() for w in RETURN_WORDS))
-            and len(run.series[n]) >= 2]
+    rets = [n for n in run.series if is_return(n) and len(run.series[n]) >= 2]
     if not rets:
         return
     for f in findings:

@@ -125,14 +125,28 @@ def role_of(key: str) -> Optional[Tuple[str, float]]:
 PROGRESS_WORDS = ("reward", "margin", "kl")
 # keys only an RL run logs: its loss sums terms of either sign (PPO's entropy bonus and policy term)
 RL_WORDS = PROGRESS_WORDS + ("entropy", "value_loss", "policy", "advantage")
-# an RL run's episode return, the objective its losses serve (stable-baselines3's
-# "rollout/ep_rew_mean", baselines' "rollout/return", "eval/mean_reward", "episode_reward")
-RETURN_WORDS = ("ep_rew", "episode_reward", "mean_reward", "rollout/return", "eval/return", "episode_return",
-                "avg_return", "mean_return")
-# ... and an episode's return under a bare name, as a print loop writes it ("Episode: 9 Total
-# reward: 36.0 Training loss: 0.93"); whole names only: "rewards/chosen" is DPO's, no return
-RETURN_NAMES = frozenset(h + w for h in ("", "episode_", "mean_", "avg_", "average_", "total_")
-                         for w in ("reward", "rewards", "return"))
+# an RL run's episode return, the objective its losses serve, by its words: the last one, less
+# statistics words, is a return or a reward (``Eval_AverageReturn``, ``rollout/ep_rew_mean``,
+# ``Environment/Cumulative Reward``, "Episode: 9 Total reward: 36.0")
+RETURN_WORDS = ("return", "returns", "reward", "rewards")
+STAT_WORDS = ("mean", "avg", "average", "sum", "total", "ep", "episode", "episodic", "cumulative")
+# not the return a policy reaches: a spread, an extreme, a best-so-far, the random start's constant,
+# DPO's implicit rewards of chosen and rejected answers (they fall in a healthy run)
+NOT_RETURN = frozenset({"std", "min", "max", "best", "initial", "chosen", "rejected", "margin", "margins", "var",
+                        "loss"})
+
+
+@lru_cache(maxsize=4096)  # asked of every series at every check: names repeat
+def is_return(name: str) -> bool:
+    """An episode return by its name: ``Eval_AverageReturn``, ``Environment/Cumulative Reward``,
+    ``rollout/ep_rew_mean``, ``episode_reward``; not ``Eval_StdReturn`` or ``rewards/chosen``."""
+    spaced = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name)  # CamelCase: AverageReturn -> Average Return
+    words = [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
+    if not words or NOT_RETURN.intersection(words):
+        return False
+    while len(words) > 1 and words[-1] in STAT_WORDS:
+        words.pop()
+    return words[-1] in RETURN_WORDS or "ep_rew" in name.lower()
 
 
 _TOPK = re.compile(r"(?:prec|acc)@\d")

@@ -15,11 +15,10 @@ Same contract as ``rules.py``.
 
 from __future__ import annotations
 
-import re
-from functools import lru_cache
 from typing import List
 
 from orchestrator.quality import hints as H
+from orchestrator.quality.roles import is_return
 from orchestrator.quality.rules import Finding, _num, _r, finding
 from orchestrator.quality.rules_level import block_noise
 from orchestrator.quality.series import Run, isfinite, median
@@ -27,29 +26,6 @@ from orchestrator.quality.series import Run, isfinite, median
 MIN_LOGS = 20  # returns logged before the rule judges a run
 COLLAPSE_LOGS, TAIL_SHARE = 10, 0.25  # the collapsed stretch: this many logs at least, and a quarter of the run
 BACK_SHARE = 0.1  # "back to the start": under the initial level plus this share of what it had gained
-RETURN_WORDS = ("return", "returns", "reward", "rewards")
-STAT_WORDS = ("mean", "avg", "average", "sum", "total", "ep", "episode", "episodic", "cumulative")
-# not the return a policy reaches: a spread, an extreme, a best-so-far, the random start's constant,
-# DPO's implicit rewards of chosen and rejected answers (they fall in a healthy run)
-NOT_RETURN = {"std", "min", "max", "best", "initial", "chosen", "rejected", "margin", "margins", "var", "loss"}
-
-
-def _words(name: str) -> List[str]:
-    spaced = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name)  # CamelCase: AverageReturn -> Average Return
-    return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
-
-
-@lru_cache(maxsize=4096)  # asked of every series at every check: names repeat
-def is_return(name: str) -> bool:
-    """An episode return by its name: ``Eval_AverageReturn``, ``Environment/Cumulative Reward``,
-    ``rollout/ep_rew_mean``, ``episode_reward``; not ``Eval_StdReturn`` or ``rewards/chosen``."""
-    words = _words(name)
-    if not words or NOT_RETURN.intersection(words):
-        return False
-    while len(words) > 1 and words[-1] in STAT_WORDS:
-        words.pop()
-    return words[-1] in RETURN_WORDS or "ep_rew" in name.lower()
-
 
 def return_collapse(run: Run, opts: dict) -> List[Finding]:
     """An episode return that had risen above its start (its best block of logs over its first,

@@ -9,16 +9,17 @@ import random
 from orchestrator.quality import rules_rl as RL
 from orchestrator.quality.judge import judge
 from orchestrator.quality.reviewer import ambiguity
+from orchestrator.quality.roles import is_return
 from quality.synth import run_of
 
 
 def test_returns_are_known_by_their_names():
     for name in ("Eval_AverageReturn", "Train_AverageReturn", "Environment/Cumulative Reward",
                  "rollout/ep_rew_mean", "episode_reward", "avg_reward", "eval/mean_reward", "reward"):
-        assert RL.is_return(name), name
+        assert is_return(name), name
     for name in ("Eval_StdReturn", "Train_BestReturn", "Initial_DataCollection_AverageReturn",
                  "rewards/chosen", "rewards/margins", "reward_loss", "loss", "val_acc"):
-        assert not RL.is_return(name), name
+        assert not is_return(name), name
 
 
 def _rows(returns):

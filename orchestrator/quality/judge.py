@@ -29,6 +29,7 @@ from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_gan as G
 from orchestrator.quality import rules_level as L
+from orchestrator.quality import rules_overfit as O
 from orchestrator.quality import rules_rl as RL
 from orchestrator.quality import rules_short as S
 from orchestrator.quality import rules_zero as Z
@@ -45,7 +46,7 @@ RULES: Dict[str, Callable] = {
     "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
     "metric_collapse": Z.metric_collapse,
     "eval_frozen": E.eval_frozen, "metric_stuck": E.metric_stuck, "eval_acc_chance": E.eval_acc_chance,
-    "overfit": E.overfit,
+    "overfit": O.overfit,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening, "short_shift": S.short_shift, "gan_d_wins": G.gan_d_wins,

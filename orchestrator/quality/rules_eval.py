@@ -1,6 +1,6 @@
 """The rules on held-out metrics: quality metrics fallen to zero (a detector whose mAP, precision and
-recall read 0 after it had learned), an eval loss that never changes, one pinned at chance, ln(K),
-and one that overfits (far above its best, every metric no better, while the train loss falls).
+recall read 0 after it had learned), an eval loss that never changes, one pinned at chance, ln(K).
+Overfitting, the eval loss's own rise, is ``rules_overfit``'s.
 
 Same contract as ``rules.py``. A metric that was 0 from its first eval says nothing here: a
 detector trained from scratch prints P 0, R 0, mAP 0 for its first epochs, and a healthy run
@@ -16,9 +16,8 @@ from typing import Dict, List, Optional, Tuple
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import accuracy_names, as_fraction, is_accuracy, is_quality_metric
-from orchestrator.quality.rules import Finding, _num, _r, constant, finding
-from orchestrator.quality.rules_level import block_noise, metric_sign
-from orchestrator.quality.series import Run, Series, isfinite, median, per_step
+from orchestrator.quality.rules import Finding, _num, _r, finding
+from orchestrator.quality.series import Run, Series, isfinite, median
 
 # a loss at chance, ln(K) (``rules_flat.chance_stuck`` for the train loss, ``chance_eval`` here)
 CHANCE_STEPS, CHANCE_BAND = 5, 0.0015  # 5 logged steps within 0.15% of ln(K)
@@ -344,57 +343,3 @@ def metric_stuck(run: Run, opts: dict) -> List[Finding]:
                         {"series": name, "value": _r(v), "equal_evals": len(m), "since_first_eval": True,
                          "still_learning": learning}, H.METRIC_STUCK, name)]
     return []
-
-
-# overfitting: the eval loss at OVERFIT_RATIO x its best (and 3 sigmas of its recent eval-to-eval
-# noise) on its last OVERFIT_EVALS evals, the ratio the train-loss rules stop at
-OVERFIT_RATIO, OVERFIT_EVALS = 1.5, 5
-# ... above a floor: a near-perfect model's eval loss (3e-05 -> 1e-04, printed to one digit) moves
-# by multiples on a handful of samples; no ratio says anything there
-OVERFIT_FLOOR = 0.05
-
-
-def overfit(run: Run, opts: dict) -> List[Finding]:
-    """STOP when the eval (or val) loss sat at ``OVERFIT_RATIO``x its best or more on its last
-    ``OVERFIT_EVALS`` evals while the train loss went on falling below where it was at that best,
-    and every other held-out metric (accuracy, F1, WER...) logged is 1% or more worse than at that
-    best: the model is memorising its train set (a Keras classifier: val loss 0.79 -> 1.75 over 20
-    epochs, val accuracy 0.70 -> 0.67, train loss 0.42 -> 0.05). Real overfitting shows in the
-    metric too: one that held or improved is the eval-loss trap (an over-confident loss rising
-    while accuracy or WER holds), no STOP."""
-    ev, train = run.get("eval_loss") or run.get("val_loss"), run.get("loss")
-    if ev is None or train is None or ev is train or len(ev) < OVERFIT_EVALS + 2:
-        return []
-    if len(set(ev.steps[-OVERFIT_EVALS:])) < OVERFIT_EVALS:  # logged per batch: an eval per step
-        ev = per_step(ev)
-    vals, steps = ev.values, ev.steps
-    last = vals[-OVERFIT_EVALS:]
-    # the run's lowest eval loss (kept on the series as it grows): when the last evals clear 1.5x
-    # of it, it was logged before them, so it is their best; the common case costs 5 comparisons
-    best = ev.low()
-    if len(vals) < OVERFIT_EVALS + 2 or not best >= OVERFIT_FLOOR or not all(map(isfinite, last)) \
-            or min(last) < OVERFIT_RATIO * best:
-        return []
-    at = steps[i := vals.index(best)]
-    sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - OVERFIT_EVALS - 20):-OVERFIT_EVALS]
-                         if isfinite(v) and v > 0])
-    if min(last) < best * max(OVERFIT_RATIO, math.exp(3.0 * sigma)):
-        return []
-    t_best, t_now = train.last_at(at), train.last_at(steps[-1])
-    if t_best is None or t_now is None or t_now >= t_best:
-        return []  # the train loss rose too: ``rules_level.eval_diverged``'s case, not memorising
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        sign = metric_sign(name)
-        if not sign or name == ev.name:
-            continue
-        m = run.series[name]
-        if constant(m):
-            continue  # (a top-5 at 1.0 on every eval of a 3-class task holds, and says nothing)
-        then, now = m.last_at(at), m.last_at(steps[-1])
-        if then is not None and now is not None and sign * (now - then) < 0.01 * abs(then):
-            return []  # this metric held (within 1%) or improved since the eval loss's best
-    k = len(vals) - OVERFIT_EVALS
-    while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= OVERFIT_RATIO * best:
-        k -= 1
-    return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at), "latest":
-                    _r(vals[-1]), "ratio": _r(min(last) / best), "evals": OVERFIT_EVALS}, H.OVERFIT, ev.name)]

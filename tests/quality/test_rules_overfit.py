@@ -12,8 +12,8 @@ import random
 import subprocess
 import sys
 
-from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_level as L
+from orchestrator.quality import rules_overfit as O
 from orchestrator.quality.judge import judge
 from orchestrator.quality.series import Run
 from quality.synth import run_of, stop_codes as stops
@@ -28,26 +28,26 @@ VACC = [0.435, 0.625, 0.692, 0.703, 0.700, 0.700, 0.692, 0.680, 0.697, 0.700, 0.
 
 def test_a_val_loss_at_1_5x_its_best_for_5_evals_while_train_falls_is_overfitting():
     run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, VACC)])
-    f = E.overfit(run, {})
+    f = O.overfit(run, {})
     assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["best_step"] == 3
     assert f[0]["step"] == 10  # the first eval of the streak at x1.5 (1.227 >= 1.18)
-    assert E.overfit(run.upto(12), {}) == []  # 3 evals at x1.5 are not yet 5
+    assert O.overfit(run.upto(12), {}) == []  # 3 evals at x1.5 are not yet 5
 
 
 def test_an_improving_metric_is_the_eval_loss_trap_not_overfitting():
     acc = [0.43 + 0.02 * e for e in range(25)]  # accuracy keeps improving as the loss rises
     run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, acc)])
-    assert E.overfit(run, {}) == []
+    assert O.overfit(run, {}) == []
     wer = [0.9 - 0.02 * e for e in range(25)]  # lower is better, and it got lower
     run = run_of([{"loss": t, "eval_loss": v, "eval_wer": w} for t, v, w in zip(TRAIN, VAL, wer)])
-    assert E.overfit(run, {}) == []
+    assert O.overfit(run, {}) == []
 
 
 def test_a_rising_train_loss_or_a_near_zero_eval_loss_is_not_overfitting():
     up = [0.5 + 0.01 * e for e in range(25)]  # eval_diverged's case: both losses rise
-    assert E.overfit(run_of([{"loss": t, "val_loss": v} for t, v in zip(up, VAL)]), {}) == []
+    assert O.overfit(run_of([{"loss": t, "val_loss": v} for t, v in zip(up, VAL)]), {}) == []
     tiny = [3e-5] * 10 + [6e-5, 1e-4, 8e-5, 9e-5, 1e-4]  # a perfect model's eval loss, one printed digit
-    assert E.overfit(run_of([{"loss": 0.01 / (e + 1), "val_loss": v} for e, v in enumerate(tiny)]), {}) == []
+    assert O.overfit(run_of([{"loss": 0.01 / (e + 1), "val_loss": v} for e, v in enumerate(tiny)]), {}) == []
 
 
 def test_a_noisy_eval_loss_is_not_diverged_when_its_rise_is_within_its_noise():
@@ -142,14 +142,14 @@ def test_a_test_loss_logged_per_batch_is_judged_one_eval_per_step():
             run.add_record(step - 20 + b, [("loss", 2.0 * 0.8 ** e + 0.01 * b)])
         for b in range(20):
             run.add_point(step, "val_loss", (0.15 if (e, b) == (6, 3) else rng.uniform(0.22, 0.38)))
-    assert E.overfit(run, {}) == []
+    assert O.overfit(run, {}) == []
     # twin: the per-step means doubling while the train loss falls is overfitting still
     for e in range(10, 16):
         step = 117.0 * (e + 1)
         run.add_record(step - 1, [("loss", 2.0 * 0.8 ** e)])
         for b in range(20):
             run.add_point(step, "val_loss", rng.uniform(0.6, 0.7))
-    f = E.overfit(run, {})
+    f = O.overfit(run, {})
     assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["best"] > 0.2
 
 
@@ -157,8 +157,8 @@ def test_a_metric_constant_on_every_eval_holds_no_veto():
     # YOLO11-cls on 3 classes (blind holdout 26, spent): top-5 accuracy is 1.0 on every eval, so it
     # "held" and vetoed the overfit of a val loss at 4x its best with top-1 below its first eval
     rows = [{"loss": t, "val_loss": v, "val_accuracy": a, "val_acc_top5": 1.0} for t, v, a in zip(TRAIN, VAL, VACC)]
-    f = E.overfit(run_of(rows), {})
+    f = O.overfit(run_of(rows), {})
     assert f and f[0]["severity"] == "stop"
     # a metric that moves and held is still the eval-loss trap
     rows = [dict(r, val_acc_top5=0.9 + 0.004 * i) for i, r in enumerate(rows)]
-    assert E.overfit(run_of(rows), {}) == []
+    assert O.overfit(run_of(rows), {}) == []

@@ -22,7 +22,8 @@ from orchestrator.quality.roles import accuracy_names, is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
 
 ABSURD, ABSURD_FLAT_LOGS = 1e6, 30  # a failure (unless the run started there and is moving)
-# broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall); past 1e30, falling or not (D-FINE: 1.66e37)
+# broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall); past 1e30, falling
+# or not (D-FINE: 1.66e37)
 HUGE, ASTRONOMICAL = 1e20, 1e30
 SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
 SHIFT_WARN = math.log(1.2)
@@ -327,10 +328,11 @@ def _warm_restart(lr: Series, ev_loss: Series, patience: int) -> bool:
 
 
 # which way an eval metric improves, by name; a metric of unknown direction is not judged
-_LOWER = ("loss", "wer", "cer", "perplexity", "ppl", "error", "mse", "mae", "rmse", "nll")
+_LOWER = ("loss", "wer", "cer", "perplexity", "ppl", "error", "mse", "mae", "rmse", "nll", "mape")  # (MAPE: no mAP)
 _HIGHER = ("acc", "f1", "bleu", "rouge", "auc", "precision", "recall", "map", "score", "exact_match")
 _NOT_METRIC = ("runtime", "per_second", "epoch", "samples", "steps", "time", "flos", "tokens")
 PATIENCE = 5  # evals in a row
+TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy loss's best is a lucky log)
 
 
 def metric_sign(name: str) -> float:
@@ -340,7 +342,6 @@ def metric_sign(name: str) -> float:
     if not is_eval_side(name) or any(w in low for w in _NOT_METRIC):
         return 0.0
     return 1.0 if any(w in low for w in _LOWER) else -1.0 if any(w in low for w in _HIGHER) else 0.0
-TRAIN_RISE = 1.2  # eval_diverged: the train loss's rise over its best (a noisy loss's best is a lucky log)
 
 
 def eval_diverged(run: Run, opts: dict) -> List[Finding]:
@@ -351,8 +352,7 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     run got worse on every count (a Whisper fine-tune at LR 3e-3: eval loss 2.55 -> 3.2-4.5, WER
     never better than at epoch 2, train loss 1.24 -> 2.03).
     One improving metric (WER while eval loss rises) is enough to keep going."""
-    train = run.get("loss")
-    ev_loss = run.get("eval_loss") or run.get("val_loss")
+    train, ev_loss = run.get("loss"), run.get("eval_loss") or run.get("val_loss")
     if train is None or ev_loss is None:
         return []
     patience = PATIENCE
@@ -396,6 +396,5 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
         judged.append(name)
     if ev_loss.name not in judged:
         return []
-    return [finding("eval_diverged", "stop", since, {"metrics": sorted(judged)[:6], "evals": patience,
-                                                    "train_recent": _r(median(tv)), "train_best": _r(tbest)},
-                    H.EVAL_DIVERGED, ev_loss.name)]
+    ev = {"metrics": sorted(judged)[:6], "evals": patience, "train_recent": _r(median(tv)), "train_best": _r(tbest)}
+    return [finding("eval_diverged", "stop", since, ev, H.EVAL_DIVERGED, ev_loss.name)]

@@ -162,3 +162,13 @@ def test_a_metric_constant_on_every_eval_holds_no_veto():
     # a metric that moves and held is still the eval-loss trap
     rows = [dict(r, val_acc_top5=0.9 + 0.004 * i) for i, r in enumerate(rows)]
     assert O.overfit(run_of(rows), {}) == []
+
+
+def test_a_metric_s_direction_is_known_by_its_words():
+    # MAPE and SMAPE are errors (a forecaster's, pytorch-forecasting's val_SMAPE), not an mAP: read
+    # as better higher, a SMAPE 0.74 -> 0.99 "improved" and vetoed a TFT's overfit
+    for name in ("val_loss", "val_MAPE", "val_SMAPE", "val_MAE", "eval_wer", "val_ppl"):
+        assert L.metric_sign(name) == 1.0, name
+    for name in ("val_mAP", "metrics/mAP50(B)", "val_accuracy", "eval_f1", "test_bleu"):
+        assert L.metric_sign(name) == -1.0, name
+    assert L.metric_sign("loss") == 0.0 and L.metric_sign("eval_runtime") == 0.0  # train side; no metric

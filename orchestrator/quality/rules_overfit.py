@@ -22,6 +22,7 @@ from orchestrator.quality.series import Run, isfinite, per_step
 # overfitting: the eval loss at OVERFIT_RATIO x its best (and 3 sigmas of its recent eval-to-eval
 # noise) on its last OVERFIT_EVALS evals, the ratio the train-loss rules stop at
 OVERFIT_RATIO, OVERFIT_EVALS = 1.5, 5
+OVERFIT_SUSTAINED = 1.3  # ... or this ratio on the last quarter of the evals (5 at least)
 # ... above a floor: a near-perfect model's eval loss (3e-05 -> 1e-04, printed to one digit) moves
 # by multiples on a handful of samples; no ratio says anything there
 OVERFIT_FLOOR = 0.05
@@ -44,14 +45,21 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     last = vals[-OVERFIT_EVALS:]
     # the run's lowest eval loss (kept on the series as it grows): when the last evals clear 1.5x
     # of it, it was logged before them, so it is their best; the common case costs 5 comparisons
-    best = ev.low()
-    if len(vals) < OVERFIT_EVALS + 2 or not best >= OVERFIT_FLOOR or not all(map(isfinite, last)) \
-            or min(last) < OVERFIT_RATIO * best:
+    best, ratio = ev.low(), OVERFIT_RATIO
+    if len(vals) < OVERFIT_EVALS + 2 or not best >= OVERFIT_FLOOR or not all(map(isfinite, last)):
         return []
+    if min(last) < OVERFIT_RATIO * best:
+        # a milder rise that has lasted a quarter of the evals is no bump either (val ppl 2.98 ->
+        # 4.41 on 66 evals); a noisy eval comes back within a few
+        if min(last) < OVERFIT_SUSTAINED * best:
+            return []  # (the common case: one more comparison)
+        last, ratio = vals[-max(OVERFIT_EVALS, len(vals) // 4):], OVERFIT_SUSTAINED
+        if len(last) + 2 > len(vals) or not all(map(isfinite, last)) or min(last) < ratio * best:
+            return []
     at = steps[i := vals.index(best)]
-    sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - OVERFIT_EVALS - 20):-OVERFIT_EVALS]
+    sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - len(last) - 20):-len(last)]
                          if isfinite(v) and v > 0])
-    if min(last) < best * max(OVERFIT_RATIO, math.exp(3.0 * sigma)):
+    if min(last) < best * max(ratio, math.exp(3.0 * sigma)):
         return []
     t_best, t_now = train.last_at(at), train.last_at(steps[-1])
     if t_best is None or t_now is None or t_now >= t_best:
@@ -66,9 +74,9 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
         then, now = m.last_at(at), m.last_at(steps[-1])
         if then is not None and now is not None and sign * (now - then) < 0.01 * abs(then):
             return []  # this metric held (within 1%) or improved since the eval loss's best
-    k = len(vals) - OVERFIT_EVALS
-    while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= OVERFIT_RATIO * best:
+    k = len(vals) - len(last)
+    while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= ratio * best:
         k -= 1
     return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at), "latest":
-                    _r(vals[-1]), "ratio": _r(min(last) / best), "evals": OVERFIT_EVALS}, H.OVERFIT, ev.name)]
+                    _r(vals[-1]), "ratio": _r(min(last) / best), "evals": len(last)}, H.OVERFIT, ev.name)]
 

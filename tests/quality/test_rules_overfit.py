@@ -34,6 +34,21 @@ def test_a_val_loss_at_1_5x_its_best_for_5_evals_while_train_falls_is_overfittin
     assert O.overfit(run.upto(12), {}) == []  # 3 evals at x1.5 are not yet 5
 
 
+def test_a_milder_rise_that_lasts_a_quarter_of_the_evals_is_overfitting_and_a_bump_is_not():
+    # a bigram LSTM (blind holdout 63, spent): val perplexity 2.98 at its first eval, then 4.4 for
+    # the rest of the run while the train loss falls: its loss (ln ppl) x1.35, under x1.5, but held
+    rng = random.Random(3)
+    val = [2.98] + [4.40 + rng.uniform(-0.02, 0.02) for _ in range(40)]
+    rows = [{"loss": 3.3 - 0.02 * e, "validation_set_perplexity": v} for e, v in enumerate(val)]
+    f = O.overfit(run_of(rows), {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["evals"] == 10
+    # twin: a healthy run's eval loss falls, bumps x1.4 for 6 evals of 60, and comes back down
+    val = [2.0 * 0.97 ** e for e in range(60)]
+    bumped = val[:50] + [val[49] * 1.4] * 6
+    rows = [{"loss": 2.0 * 0.96 ** e, "val_loss": v} for e, v in enumerate(bumped)]
+    assert O.overfit(run_of(rows), {}) == []
+
+
 def test_an_improving_metric_is_the_eval_loss_trap_not_overfitting():
     acc = [0.43 + 0.02 * e for e in range(25)]  # accuracy keeps improving as the loss rises
     run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, acc)])

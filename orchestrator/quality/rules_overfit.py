@@ -61,7 +61,9 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
                          if isfinite(v) and v > 0])
     if min(last) < best * max(ratio, math.exp(3.0 * sigma)):
         return []
+    # (a best eval logged before the train loss's first log is compared with that first log)
     t_best, t_now = train.last_at(at), train.last_at(steps[-1])
+    t_best = train.last_at(train.steps[0]) if t_best is None and len(train) else t_best
     if t_best is None or t_now is None or t_now >= t_best:
         return []  # the train loss rose too: ``rules_level.eval_diverged``'s case, not memorising
     for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy

@@ -49,6 +49,18 @@ def test_a_milder_rise_that_lasts_a_quarter_of_the_evals_is_overfitting_and_a_bu
     assert O.overfit(run_of(rows), {}) == []
 
 
+def test_a_best_eval_logged_before_the_first_train_log_is_compared_with_that_log():
+    # a TFT (blind holdout 67, spent): its best val loss at step 29, its train loss logged from
+    # step 49 on. No train loss "at the best" made the rule silent while val rose x2.6.
+    run = Run()
+    run.add_record(29.0, [("val_loss", 1.62), ("val_SMAPE", 0.74)])
+    for e in range(1, 12):
+        run.add_record(50.0 * e - 1, [("loss", 2.0 - 0.04 * e)])
+        run.add_record(50.0 * e + 29, [("val_loss", 1.62 * (1 + 0.3 * e)), ("val_SMAPE", 0.74 + 0.02 * e)])
+    f = O.overfit(run, {})
+    assert f and f[0]["evidence"]["best_step"] == 29
+
+
 def test_an_improving_metric_is_the_eval_loss_trap_not_overfitting():
     acc = [0.43 + 0.02 * e for e in range(25)]  # accuracy keeps improving as the loss rises
     run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, acc)])

@@ -20,17 +20,15 @@ from orchestrator.quality import hints as H
 from orchestrator.quality.rules import Finding, _exp, _num, _r, constant, finding, point_noise
 from orchestrator.quality.roles import accuracy_names, is_eval_side
 from orchestrator.quality.series import Run, Series, isfinite, median
+from orchestrator.quality.witness import ACC_LOGS, accuracy_flat
 
 ABSURD, ABSURD_FLAT_LOGS = 1e6, 30  # a failure (unless the run started there and is moving)
-# broken whatever it started at, unless falling (a PINN's first 1e12-1e14 fall); past 1e30, falling
-# or not (D-FINE: 1.66e37)
+# broken whatever it started at, unless falling (a PINN's 1e12-1e14 start); past 1e30 always (D-FINE: 1.66e37)
 HUGE, ASTRONOMICAL = 1e20, 1e30
-SHIFT_STOP = math.log(1.5)  # same ratio as the window rule's STOP: x1.5 above the best level
-SHIFT_WARN = math.log(1.2)
+SHIFT_STOP, SHIFT_WARN = math.log(1.5), math.log(1.2)  # the window rule's STOP ratio: x1.5 over the best level
 NOISE_K = 5.0  # the shift must also clear this many block-noise sigmas
 PERSIST = 2  # blocks that must all sit above the best level (never one noisy point)
-FINE = 200  # most recent blocks kept at full resolution
-COARSE = 400  # older history folded into at most this many blocks
+FINE, COARSE = 200, 400  # recent blocks kept at full resolution; older history folded into at most COARSE
 SAMPLE = 16  # points sampled per block median
 RECOVERING = 0.6  # latest excess below this share of the post-jump peak excess: coming back
 TREND_BLOCKS, TREND_S, TREND_STOP = 8, 22, math.log(1.3)  # a climb: S = rises - falls of 28 level pairs
@@ -258,9 +256,9 @@ def eval_improving(run: Run, opts: dict, since: float) -> bool:
 
 
 def absurd_loss(run: Run, opts: dict) -> List[Finding]:
-    """A finite loss of 1e6+ on the last 2 logs: STOP when it blew up to that (started below),
-    sits frozen on one value, grew 10x from the start, or is 1e20+ and not falling. A run that
-    started at that scale and moves (an unnormalised regression) is reported, not stopped."""
+    """A finite loss of 1e6+ on its last 2 logs: STOP when it blew up to that (started below), sits
+    frozen, grew 10x from its start, is 1e20+ and not falling, or an accuracy beside it never rose.
+    A run that started at that scale and moves (an unnormalised regression) is reported only."""
     s = run.get("loss") or run.main_loss()
     limit = float(opts.get("absurd_loss") or ABSURD)
     if s is None or len(s) < 2:
@@ -283,9 +281,11 @@ def absurd_loss(run: Run, opts: dict) -> List[Finding]:
     h0 = median(head) if head else 0.0  # 0.0: a loss first logged as 0 did not start huge
     stuck = n > ABSURD_FLAT_LOGS and h0 > 0 and abs(abs(median(tail)) / h0 - 1) < 0.02
     huge = abs(tail[-1]) >= HUGE and (abs(tail[-1]) >= abs(tail[-2]) or abs(tail[-1]) >= ASTRONOMICAL)  # DOPE 3e31
-    ev = {"series": s.name, "latest": _r(tail[-1]), "limit": _r(limit), "logs_above": n - k,
-          "blew_up": blew_up, "frozen": frozen, "stuck": stuck, **({"huge": True} if huge else {})}
-    sev = "stop" if (blew_up or frozen or grew or stuck or huge) else "info"
+    blind = accuracy_flat(run) if n - k >= ACC_LOGS else None  # the loss's scale aside, nothing learned
+    ev = {"series": s.name, "latest": _r(tail[-1]), "limit": _r(limit), "logs_above": n - k, "blew_up": blew_up,
+          "frozen": frozen, "stuck": stuck, **({"huge": True} if huge else {}),
+          **({"accuracy_flat": blind} if blind else {})}
+    sev = "stop" if (blew_up or frozen or grew or stuck or huge or blind) else "info"
     return [finding("absurd_loss", sev, s.steps[k], ev, H.ABSURD, s.name)]
 
 

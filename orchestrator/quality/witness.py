@@ -1,8 +1,9 @@
-"""What a run's other series say of a loss gone NaN or Inf (``rules.nonfinite_loss``): a held-out
-quality metric that still works (it moves, holds near its best, improves after the NaN), a train
-loss finite all the while. NaN weights score one constant output, and a step the scaler skipped
-leaves them unchanged: neither moves a metric, so a metric that moves says the NaN is in the
-loss's own computation (an fp16 eval, an empty batch, a logging mean), not in the model.
+"""What a run's other series say of its loss. Of a loss gone NaN or Inf (``rules.nonfinite_loss``):
+a held-out quality metric that still works (it moves, holds near its best, improves after the
+NaN), a train loss finite all the while. NaN weights score one constant output, and a step the
+scaler skipped leaves them unchanged: neither moves a metric, so a metric that moves says the NaN
+is in the loss's own computation (an fp16 eval, an empty batch, a logging mean), not in the model.
+Of a loss at an absurd scale (``rules_level.absurd_loss``): an accuracy that never rose.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Optional
 
-from orchestrator.quality.roles import is_quality_metric
+from orchestrator.quality.roles import as_fraction, is_accuracy, is_quality_metric
 from orchestrator.quality.series import Run, Series, isfinite
 
 
@@ -64,5 +65,21 @@ def metric_improved(run: Run, since: float) -> Optional[str]:
         i = bisect_left(m.steps, since)
         vals = [v for v in m.values[i:] if isfinite(v)]
         if len(vals) >= 2 and vals[-1] > vals[0] * 1.01 and vals[0] > 0:
+            return name
+    return None
+
+
+ACC_LOGS, ACC_ROSE = 5, 0.02  # an accuracy logged 5 times or more, never 2 points above its first
+
+
+def accuracy_flat(run: Run) -> Optional[str]:
+    """An accuracy (either side) logged ``ACC_LOGS`` times or more that never rose ``ACC_ROSE``
+    above its first log: a classifier whose loss reads 1e9 and whose accuracy sits at 0.50 learns
+    nothing, whatever its loss's scale (an unnormalised regression has no accuracy to ask)."""
+    for name in run.series:
+        if not is_accuracy(name):
+            continue
+        vals = [as_fraction(v) for v in run.series[name].values[-1000:] if isfinite(v)]
+        if len(vals) >= ACC_LOGS and max(vals) <= vals[0] + ACC_ROSE:
             return name
     return None

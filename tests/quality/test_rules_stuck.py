@@ -106,6 +106,19 @@ def test_an_eval_loss_near_ln_k_beside_an_eval_accuracy_near_1_over_k_is_chance(
     assert "chance_stuck" not in stops(judge(run_of(trained), {}))
 
 
+def test_a_huge_falling_loss_beside_an_accuracy_that_never_rose_is_absurd():
+    # a gated binary classifier (blind holdout 65, spent): loss 1.9e12 -> 2.2e9, train accuracy
+    # 0.50 on every epoch. Falling from its start reads like a PINN's scale; the accuracy says not.
+    rows = [{"loss": 1.87e12 * 0.1 ** e, "train_acc": a, "val_acc": v}
+            for e, (a, v) in enumerate(zip((0.504, 0.500, 0.494, 0.503, 0.501), (0.52, 0.46, 0.46, 0.46, 0.46)))]
+    f = L.absurd_loss(run_of(rows), {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["accuracy_flat"] in ("train_acc", "val_acc")
+    # twin: the same loss beside an accuracy that learns (0.50 -> 0.80) is its scale: reported only
+    learns = [dict(r, train_acc=0.5 + 0.075 * e, val_acc=0.5 + 0.07 * e) for e, r in enumerate(rows)]
+    assert all(x["severity"] != "stop" for x in L.absurd_loss(run_of(learns), {}))
+    assert all(x["severity"] != "stop" for x in L.absurd_loss(run_of(rows[:4]), {}))  # 4 logs: too few
+
+
 def test_a_loss_past_1e20_not_falling_is_absurd_whatever_it_started_at():
     # DOPE: 3.03e31 at its first log, rising at every log
     rise = run_of([{"loss": 3.03e31 * (1 + 0.01 * e)} for e in range(15)])

@@ -30,7 +30,8 @@ OVERFIT_FLOOR = 0.05
 
 def overfit(run: Run, opts: dict) -> List[Finding]:
     """STOP when the eval (or val) loss sat at ``OVERFIT_RATIO``x its best or more on its last
-    ``OVERFIT_EVALS`` evals while the train loss went on falling below where it was at that best,
+    ``OVERFIT_EVALS`` evals (or at ``OVERFIT_SUSTAINED``x on the last quarter of its evals, 5 at
+    least) while the train loss went on falling below where it was at that best,
     and every other held-out metric (accuracy, F1, WER...) logged is 1% or more worse than at that
     best: the model is memorising its train set (a Keras classifier: val loss 0.79 -> 1.75 over 20
     epochs, val accuracy 0.70 -> 0.67, train loss 0.42 -> 0.05). Real overfitting shows in the
@@ -81,4 +82,3 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
         k -= 1
     return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at), "latest":
                     _r(vals[-1]), "ratio": _r(min(last) / best), "evals": len(last)}, H.OVERFIT, ev.name)]
-

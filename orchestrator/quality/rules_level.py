@@ -225,11 +225,9 @@ def _stop_at(levels: List[float], e: int, best: float, sigma: float, need_stop: 
 def eval_series(run: Run, opts: dict) -> Tuple[Optional[Series], str]:
     """The eval metric that vetoes a train-loss STOP: the declared primary, else eval/val loss,
     else an eval accuracy (never the main loss: a run judged on its val loss has no second opinion)."""
-    main = run.main_loss()
-    primary = opts.get("primary")
+    main, primary = run.main_loss(), opts.get("primary")
     if primary:
-        s = run.get(primary[0]) or run.get("eval_" + primary[0])
-        mode = primary[1]
+        s, mode = run.get(primary[0]) or run.get("eval_" + primary[0]), primary[1]
     else:
         s, mode = run.get("eval_loss") or run.get("val_loss"), "min"
         if s is None:  # no eval loss logged: the first eval accuracy, higher is better
@@ -368,6 +366,8 @@ def eval_diverged(run: Run, opts: dict) -> List[Finding]:
     sig = block_noise([math.log(v) for v in blocks if v > 0]) if len(blocks) > 3 else 0.0
     if blocks and median(tt[-2 * b:]) < max(TRAIN_RISE, math.exp(3.0 * sig)) * min(blocks):
         return []
+    if not blocks and tv[-1] < TRAIN_RISE * tbest:
+        return []  # too few logs for levels: its last must sit over its best (0.94, 0.08: no rise)
     since = ev_loss.steps[len(ev_loss) - patience]
     lr = run.get("lr")
     if lr is not None and _warm_restart(lr, ev_loss, patience):

@@ -201,27 +201,22 @@ def test_a_metric_s_direction_is_known_by_its_words():
     assert L.metric_sign("loss") == 0.0 and L.metric_sign("eval_runtime") == 0.0  # train side; no metric
 
 
+def _twice_logged(first: float, second: float) -> Run:
+    """An eval loss every 98 steps, bottoming at the 5th eval; a train loss logged at 500 and 1000."""
+    run = Run()
+    for e, v in enumerate([1.51, 1.26, 1.03, 0.87, 0.82, 0.95, 1.0, 1.05, 1.1, 1.15]):
+        if 98.0 * (e + 1) > 500 and not run.get("loss"):
+            run.add_record(500.0, [("loss", first)])
+        run.add_record(98.0 * (e + 1), [("eval_loss", v)])
+    run.add_record(1000.0, [("loss", second)])
+    run.add_record(1078.0, [("eval_loss", 1.2)])
+    return run
+
+
 def test_a_train_loss_logged_twice_has_risen_only_when_its_last_log_is_over_its_best():
     # a BERT classifier (blind holdout 41, spent): the eval loss climbs from epoch 5 while the train
     # loss, logged every 500 steps, reads 0.935 then 0.0765. The median of those two sat 1.2x over
     # the best, which is the last log itself: no rise, so not every count got worse
-    run = Run()
-    evals = [1.51, 1.26, 1.03, 0.87, 0.82, 0.95, 1.0, 1.05, 1.1, 1.15]
-    for e, v in enumerate(evals):
-        step = 98.0 * (e + 1)
-        if step > 500 and not run.get("loss"):
-            run.add_record(500.0, [("loss", 0.935)])
-        run.add_record(step, [("eval_loss", v)])
-    run.add_record(1000.0, [("loss", 0.0765)])
-    run.add_record(1078.0, [("eval_loss", 1.2)])
-    assert L.eval_diverged(run, {}) == []
+    assert L.eval_diverged(_twice_logged(0.935, 0.0765), {}) == []
     # twin: the second log over the first (0.34 -> 0.81, a Lightning run's late divergence) is one
-    run2 = Run()
-    for e, v in enumerate(evals):
-        step = 98.0 * (e + 1)
-        if step > 500 and not run2.get("loss"):
-            run2.add_record(500.0, [("loss", 0.34)])
-        run2.add_record(step, [("eval_loss", v)])
-    run2.add_record(1000.0, [("loss", 0.81)])
-    run2.add_record(1078.0, [("eval_loss", 1.2)])
-    assert L.eval_diverged(run2, {})
+    assert L.eval_diverged(_twice_logged(0.34, 0.81), {})

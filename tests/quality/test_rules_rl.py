@@ -54,3 +54,14 @@ def test_a_return_that_never_learned_or_a_dpo_reward_falling_is_not_a_collapse()
     assert RL.return_collapse(run_of(_rows(flat)), {}) == []
     chosen = [{"rewards/chosen": 0.5 - 0.05 * i, "loss": 0.69 - 0.005 * i} for i in range(60)]
     assert RL.return_collapse(run_of(chosen), {}) == []
+
+
+def test_the_judge_s_rl_veto_knows_a_return_by_the_same_words():
+    # CS285's logger writes "Eval_AverageReturn" in CamelCase: the veto's own substring list did not
+    # know it, so a critic's loss growing with the returns it predicts stopped a run that learned
+    rows = [{"Eval_AverageReturn": -1146.0 + 40.0 * i, "Critic_Loss": 456.0 * min(22.0, 1.0 + i)} for i in range(30)]
+    v = judge(run_of(rows), {})
+    assert v["verdict"] != "STOP" and any(f["evidence"].get("rl_return_held") for f in v["findings"]), v["reason"]
+    # twin: the same loss rise while that return falls is a STOP
+    falling = [dict(r, Eval_AverageReturn=-1146.0 - 40.0 * i) for i, r in enumerate(rows)]
+    assert judge(run_of(falling), {})["verdict"] == "STOP"

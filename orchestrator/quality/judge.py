@@ -29,7 +29,7 @@ from orchestrator.quality import rules_eval as E
 from orchestrator.quality import rules_flat as F
 from orchestrator.quality import rules_gan as G
 from orchestrator.quality import rules_level as L
-from orchestrator.quality import rules_overfit as O
+from orchestrator.quality import rules_overfit as OV
 from orchestrator.quality import rules_rl as RL
 from orchestrator.quality import rules_short as S
 from orchestrator.quality import rules_zero as Z
@@ -46,7 +46,7 @@ RULES: Dict[str, Callable] = {
     "masked_loss": A.masked_loss, "loss_scale": A.loss_scale_floor, "metric_zero": E.metric_zero,
     "metric_collapse": Z.metric_collapse,
     "eval_frozen": E.eval_frozen, "metric_stuck": E.metric_stuck, "eval_acc_chance": E.eval_acc_chance,
-    "overfit": O.overfit,
+    "overfit": OV.overfit,
     "level": L.level_shift, "absurd": L.absurd_loss, "eval_diverged": L.eval_diverged,
     "explosion": S.explosion,
     "worsening": S.worsening, "short_shift": S.short_shift, "gan_d_wins": G.gan_d_wins,
@@ -72,8 +72,8 @@ OBJECTIVE_VETO = GAN_VETO + ("eval_diverged", "overfit")
 STOP_ORDER = {c: i for i, c in enumerate((
     "nonfinite_loss", "loss_collapse", "loss_scale_floor", "absurd_loss", "loss_explosion", "chance_stuck",
     "saturated_loss", "above_uniform", "frozen", "lr_invalid", "lr_zero", "nonfinite_grad", "level_shift",
-    "divergence_best", "gan_d_wins", "return_collapse", "eval_diverged", "metric_zero", "metric_collapse", "eval_frozen", "overfit",
-    "no_learning"))}
+    "divergence_best", "gan_d_wins", "return_collapse", "eval_diverged", "metric_zero", "metric_collapse",
+    "eval_frozen", "overfit", "no_learning"))}
 EXIT_CODES = {"CONTINUE": 0, "WAIT": 10, "STOP": 11}
 
 

@@ -41,8 +41,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 #   slightly worse than the baseline but early: below_baseline at warn level, before half the run;
 #   a sign, a return's fall the log cannot settle: negative_loss, return_collapse (warn)
 AMBIGUOUS = {"no_learning": "flat", "frozen": "flat", "flat_start": "flat", "spike": "noisy", "divergence": "noisy",
-             "level_shift": "noisy", "divergence_best": "noisy", "eval_regression": "noisy", "below_baseline": "baseline",
-             "short_ended": "short", "negative_loss": "sign", "return_collapse": "return"}
+             "level_shift": "noisy", "divergence_best": "noisy", "eval_regression": "noisy",
+             "below_baseline": "baseline", "short_ended": "short", "negative_loss": "sign", "return_collapse": "return"}
 AMBIGUOUS_STOP = ("no_learning",)  # the only STOP a reviewer may overrule: flat, nothing broken
 CLEAR_BAD = ("nonfinite_loss", "loss_collapse")  # any severity: NaN/Inf or a zero loss is never unsure
 EARLY = 0.5  # "early": before this fraction of the planned steps (or the plan is unknown)

@@ -27,6 +27,7 @@ MIN_LOGS = 20  # returns logged before the rule judges a run
 COLLAPSE_LOGS, TAIL_SHARE = 10, 0.25  # the collapsed stretch: this many logs at least, and a quarter of the run
 BACK_SHARE = 0.1  # "back to the start": under the initial level plus this share of what it had gained
 
+
 def return_collapse(run: Run, opts: dict) -> List[Finding]:
     """An episode return that had risen above its start (its best block of logs over its first,
     beyond 3 sigmas of the block noise) and has sat back at its start since (the median of its last

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from orchestrator.quality import rules_level as L
-from orchestrator.quality import rules_overfit as O
+from orchestrator.quality import rules_overfit as OV
 from orchestrator.quality.judge import judge
 from orchestrator.quality.series import Run
 from quality.synth import run_of, stop_codes as stops
@@ -28,10 +28,10 @@ VACC = [0.435, 0.625, 0.692, 0.703, 0.700, 0.700, 0.692, 0.680, 0.697, 0.700, 0.
 
 def test_a_val_loss_at_1_5x_its_best_for_5_evals_while_train_falls_is_overfitting():
     run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, VACC)])
-    f = O.overfit(run, {})
+    f = OV.overfit(run, {})
     assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["best_step"] == 3
     assert f[0]["step"] == 10  # the first eval of the streak at x1.5 (1.227 >= 1.18)
-    assert O.overfit(run.upto(12), {}) == []  # 3 evals at x1.5 are not yet 5
+    assert OV.overfit(run.upto(12), {}) == []  # 3 evals at x1.5 are not yet 5
 
 
 def test_a_milder_rise_that_lasts_a_quarter_of_the_evals_is_overfitting_and_a_bump_is_not():
@@ -40,13 +40,13 @@ def test_a_milder_rise_that_lasts_a_quarter_of_the_evals_is_overfitting_and_a_bu
     rng = random.Random(3)
     val = [2.98] + [4.40 + rng.uniform(-0.02, 0.02) for _ in range(40)]
     rows = [{"loss": 3.3 - 0.02 * e, "validation_set_perplexity": v} for e, v in enumerate(val)]
-    f = O.overfit(run_of(rows), {})
+    f = OV.overfit(run_of(rows), {})
     assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["evals"] == 10
     # twin: a healthy run's eval loss falls, bumps x1.4 for 6 evals of 60, and comes back down
     val = [2.0 * 0.97 ** e for e in range(60)]
     bumped = val[:50] + [val[49] * 1.4] * 6
     rows = [{"loss": 2.0 * 0.96 ** e, "val_loss": v} for e, v in enumerate(bumped)]
-    assert O.overfit(run_of(rows), {}) == []
+    assert OV.overfit(run_of(rows), {}) == []
 
 
 def test_a_best_eval_logged_before_the_first_train_log_is_compared_with_that_log():
@@ -57,24 +57,24 @@ def test_a_best_eval_logged_before_the_first_train_log_is_compared_with_that_log
     for e in range(1, 12):
         run.add_record(50.0 * e - 1, [("loss", 2.0 - 0.04 * e)])
         run.add_record(50.0 * e + 29, [("val_loss", 1.62 * (1 + 0.3 * e)), ("val_SMAPE", 0.74 + 0.02 * e)])
-    f = O.overfit(run, {})
+    f = OV.overfit(run, {})
     assert f and f[0]["evidence"]["best_step"] == 29
 
 
 def test_an_improving_metric_is_the_eval_loss_trap_not_overfitting():
     acc = [0.43 + 0.02 * e for e in range(25)]  # accuracy keeps improving as the loss rises
     run = run_of([{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(TRAIN, VAL, acc)])
-    assert O.overfit(run, {}) == []
+    assert OV.overfit(run, {}) == []
     wer = [0.9 - 0.02 * e for e in range(25)]  # lower is better, and it got lower
     run = run_of([{"loss": t, "eval_loss": v, "eval_wer": w} for t, v, w in zip(TRAIN, VAL, wer)])
-    assert O.overfit(run, {}) == []
+    assert OV.overfit(run, {}) == []
 
 
 def test_a_rising_train_loss_or_a_near_zero_eval_loss_is_not_overfitting():
     up = [0.5 + 0.01 * e for e in range(25)]  # eval_diverged's case: both losses rise
-    assert O.overfit(run_of([{"loss": t, "val_loss": v} for t, v in zip(up, VAL)]), {}) == []
+    assert OV.overfit(run_of([{"loss": t, "val_loss": v} for t, v in zip(up, VAL)]), {}) == []
     tiny = [3e-5] * 10 + [6e-5, 1e-4, 8e-5, 9e-5, 1e-4]  # a perfect model's eval loss, one printed digit
-    assert O.overfit(run_of([{"loss": 0.01 / (e + 1), "val_loss": v} for e, v in enumerate(tiny)]), {}) == []
+    assert OV.overfit(run_of([{"loss": 0.01 / (e + 1), "val_loss": v} for e, v in enumerate(tiny)]), {}) == []
 
 
 def test_a_noisy_eval_loss_is_not_diverged_when_its_rise_is_within_its_noise():
@@ -169,14 +169,14 @@ def test_a_test_loss_logged_per_batch_is_judged_one_eval_per_step():
             run.add_record(step - 20 + b, [("loss", 2.0 * 0.8 ** e + 0.01 * b)])
         for b in range(20):
             run.add_point(step, "val_loss", (0.15 if (e, b) == (6, 3) else rng.uniform(0.22, 0.38)))
-    assert O.overfit(run, {}) == []
+    assert OV.overfit(run, {}) == []
     # twin: the per-step means doubling while the train loss falls is overfitting still
     for e in range(10, 16):
         step = 117.0 * (e + 1)
         run.add_record(step - 1, [("loss", 2.0 * 0.8 ** e)])
         for b in range(20):
             run.add_point(step, "val_loss", rng.uniform(0.6, 0.7))
-    f = O.overfit(run, {})
+    f = OV.overfit(run, {})
     assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["best"] > 0.2
 
 
@@ -184,11 +184,11 @@ def test_a_metric_constant_on_every_eval_holds_no_veto():
     # YOLO11-cls on 3 classes (blind holdout 26, spent): top-5 accuracy is 1.0 on every eval, so it
     # "held" and vetoed the overfit of a val loss at 4x its best with top-1 below its first eval
     rows = [{"loss": t, "val_loss": v, "val_accuracy": a, "val_acc_top5": 1.0} for t, v, a in zip(TRAIN, VAL, VACC)]
-    f = O.overfit(run_of(rows), {})
+    f = OV.overfit(run_of(rows), {})
     assert f and f[0]["severity"] == "stop"
     # a metric that moves and held is still the eval-loss trap
     rows = [dict(r, val_acc_top5=0.9 + 0.004 * i) for i, r in enumerate(rows)]
-    assert O.overfit(run_of(rows), {}) == []
+    assert OV.overfit(run_of(rows), {}) == []
 
 
 def test_a_metric_s_direction_is_known_by_its_words():

@@ -24,6 +24,9 @@ EXPLODE, EXPLODE_FLOOR = 100.0, 0.05
 # a climb: the last CLIMB_LOGS logs each above the one before, the first of them CLIMB_FIRST x and
 # the last CLIMB_LAST x the lowest log before the climb (QLoRA: 1.43 -> 5.82, 7.05, 10.03)
 CLIMB_LOGS, CLIMB_FIRST, CLIMB_LAST, CLIMB_MIN = 3, 2.0, 3.0, 6
+# a climb from the start: every log but the first RISE_SLACK rose, RISE_MIN logs at least, to
+# RISE_RATIO x where the climb began (a healthy loss falls somewhere in its first logs)
+RISE_MIN, RISE_SLACK, RISE_RATIO = 5, 1, 1.1
 # worsening: WORSE_RISES rises in a row to WORSE_RATIO x the best log, and every witness logged
 # beside it (an accuracy, a validation loss) worse at the end of the climb than at its start
 WORSE_RISES, WORSE_RATIO = 4, 1.10
@@ -80,9 +83,15 @@ def _explosion_witnessed(run: Run, s: Series) -> List[Finding]:
 def short_climb(run: Run, opts: dict) -> List[Finding]:
     """An ended run's log too short for ``rules_level.level_shift`` (fewer than ``MIN_LOGS``
     points, at least ``CLIMB_MIN``) whose last ``CLIMB_LOGS`` logs each rose and sit at
-    ``CLIMB_FIRST``x, then ``CLIMB_LAST``x, the lowest log before them: it ended diverging. The
-    judge asks only on a final check (a running job's first logs may be its volatile start)."""
+    ``CLIMB_FIRST``x, then ``CLIMB_LAST``x, the lowest log before them: it ended diverging. Or
+    one that rose from its start (``_rose_throughout``). The judge asks only on a final check (a
+    running job's first logs may be its volatile start)."""
     s = run.get("loss") or run.main_loss()
+    if s is not None and RISE_MIN <= len(s) < MIN_LOGS and not is_gan(run.series) \
+            and not names_with(run.series, RL_WORDS):
+        found = _rose_throughout(run, s)
+        if found:
+            return found
     if s is None or not CLIMB_MIN <= len(s) < MIN_LOGS:
         return []
     vals = s.values
@@ -97,6 +106,30 @@ def short_climb(run: Run, opts: dict) -> List[Finding]:
     return [finding("divergence_best", "stop", s.steps[len(s) - CLIMB_LOGS],
                     {"series": s.name, "ratio_to_best": _r(climb[-1] / best), "best_level": _r(best),
                      "rising_logs": CLIMB_LOGS}, H.LEVEL_SHIFT, s.name)]
+
+
+def _rose_throughout(run: Run, s: Series) -> List[Finding]:
+    """A loss that rose on every log but its first one or two, ``RISE_MIN - 1`` rises at least,
+    to ``RISE_RATIO``x the log the climb began at, the learning rate not rising by a quarter: the
+    run never learned and got worse each log (a Caffe SSD at a constant LR, 12.1 -> 13.5, 14.4,
+    16.3, 18.3; a CoTNet's running mean 22.9 -> 39.5 over ten logs). A healthy run's loss falls
+    somewhere in its first logs; one whose eval improves the while is vetoed as every
+    ``divergence_best`` is (``judge._eval_veto``: a noisy-label loss that rises as accuracy does)."""
+    vals = s.values
+    if not all(isfinite(v) and v > 0 for v in vals):
+        return []
+    r = 0  # the rises that end the log
+    while r + 1 < len(vals) and vals[-1 - r] > vals[-2 - r]:
+        r += 1
+    if r < RISE_MIN - 1 or r < len(vals) - 1 - RISE_SLACK or vals[-1] < RISE_RATIO * vals[-1 - r]:
+        return []
+    t0 = s.steps[len(s) - r]  # the first risen log: the onset (an eval before it is the baseline)
+    lr = run.get("lr")
+    if lr is not None and _rose(run, lr.name, s.steps[len(s) - 1 - r], s.steps[-1]):
+        return []  # a warmup raises the loss on purpose
+    return [finding("divergence_best", "stop", t0,
+                    {"series": s.name, "ratio_to_best": _r(vals[-1] / vals[-1 - r]), "best_level": _r(vals[-1 - r]),
+                     "rising_logs": r, "from_start": True}, H.LEVEL_SHIFT, s.name)]
 
 
 def _at(run: Run, name: str, step: float) -> Optional[float]:

@@ -143,3 +143,36 @@ def test_a_running_mean_that_falls_on_every_log_since_one_huge_batch_is_a_wait()
     v = judge(run_of([{"loss": x} for x in rows]))
     assert v["verdict"] == "WAIT" and "level_shift" not in stops(v)
     assert next(f for f in v["findings"] if f["code"] == "level_shift")["evidence"]["recovering"]
+
+
+# --- a loss that rose from its start ------------------------------------------------------------
+
+SSD = [12.1152, 13.4585, 14.3801, 16.3444, 18.3031]  # Caffe SSD at a constant LR: up on every log
+
+
+def test_an_ended_log_that_rose_on_every_log_from_its_start_is_a_stop():
+    v = judge(run_of([{"loss": x, "lr": 0.001} for x in SSD]), final=True)
+    assert v["verdict"] == "STOP" and "divergence_best" in stops(v)
+    f = next(f for f in v["findings"] if f["code"] == "divergence_best")
+    assert f["step"] == 50 and f["evidence"]["from_start"] is True and f["evidence"]["rising_logs"] == 4
+
+
+def test_a_running_job_may_still_be_in_its_volatile_start():
+    assert "divergence_best" not in stops(judge(run_of([{"loss": x} for x in SSD])))
+
+
+@pytest.mark.parametrize("name, rows", [
+    # it fell first: a rise over its last four logs is no climb from the start (a level rule's case)
+    ("fell_first", [{"loss": x} for x in [28.8, 1.65, 0.87, 0.64, 0.65, 0.74, 0.77, 0.89, 1.03]]),
+    # a noisy-label loss that rises while the test accuracy climbs: the eval veto's case
+    ("eval_better", [{"loss": 151110.0 * 1.02 ** i, "test_acc": 0.04 + 0.02 * i} for i in range(13)]),
+    # under 10% over its climb: a plateau's drift
+    ("drift", [{"loss": 2.0 + 0.01 * i} for i in range(8)]),
+    # a warmup: the learning rate rose over the climb
+    ("warmup", [{"loss": x, "lr": 1e-5 * (i + 1)} for i, x in enumerate(SSD)]),
+    # three rises are not enough
+    ("short", [{"loss": x} for x in SSD[:4]]),
+])
+def test_a_rise_after_a_fall_an_improving_eval_drift_and_a_warmup_are_no_climb_from_the_start(name, rows):
+    v = judge(run_of(rows), final=True)
+    assert not any(f["code"] == "divergence_best" and f["severity"] == "stop" for f in v["findings"]), name

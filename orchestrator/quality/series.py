@@ -49,6 +49,9 @@ STEP_KEYS = {"step": 3, "iter": 4, "iteration": 5, "s": 3, "global_step": 6, "_s
              "global_step/max_steps": 6, "episode": 1}  # (ms-swift's "8270/11043"; an RL loop's "Episode: 9")
 MAX_SERIES = 96  # bound memory when a log carries many junk keys
 LOSS_NAMES = ("loss", "val_loss", "eval_loss")
+# a series named for its role yet logged fewer than _SPARSE times gives way to one that plays the
+# role _DENSER times as often (``Run.get``)
+_SPARSE, _DENSER = 3, 4
 
 
 def canon(key: str) -> str:
@@ -270,8 +273,16 @@ class Run:
         """The series ``name``, or for a role (``ROLES``) with no such series, the series that
         plays it by meaning (``loss_total`` for ``loss``); None when empty or absent."""
         s = self.series.get(name)
-        if s is not None and len(s):
+        if s is not None and len(s) >= _SPARSE:
             return s
+        if s is not None and len(s):
+            # a name logged once or twice (an epoch's summary "Loss: 2.303") beside a series that
+            # plays its role on every batch ("Cost: 2.3682", 12 logs): the trend is the dense one's.
+            # Not a name with a digit in it: "epoch28-batch-" is a line's index read as a key
+            dense = next((self.series[c] for c in self.by_role().get(name, ()) if c != name
+                          and len(self.series[c]) >= _DENSER * len(s) and not is_objective(c)
+                          and not any(ch.isdigit() for ch in c)), None)
+            return dense or s
         if name in ROLES:
             obj = None  # "mse", "l1": the loss of a log that names none, after all else (``roles``)
             for cand in self.by_role().get(name, ()):  # (best first: a formula's name comes last)

@@ -307,6 +307,36 @@ def test_roles_follow_series_that_appear_later():
     assert run.upto(2.0).get("loss").name == "loss_total"  # the resume gate's cut: "loss" has no point yet
 
 
+def test_a_loss_logged_once_an_epoch_gives_way_to_one_logged_every_batch(tmp_path):
+    """An epoch's summary "Loss: 2.303" beside a "Cost" on every batch (a VGG stuck at ln 10): the
+    trend is the dense series', and the run is judged stuck at chance from it."""
+    p = tmp_path / "train.log"
+    lines = ["Epoch: 001/010 | Batch %04d/0391 | Cost: %.4f" % (b, 2.3026 + 0.001 * (b % 3)) for b in range(0, 400, 50)]
+    lines += ["Epoch: 001/010 | Train: 10.000% |  Loss: 2.303"]
+    lines += ["Epoch: 002/010 | Batch %04d/0391 | Cost: %.4f" % (b, 2.3030) for b in range(0, 200, 50)]
+    p.write_text("\n".join(lines) + "\n")
+    run = _read(p)
+    assert len(run.series["loss"]) == 1 and run.main_loss().name == "cost"
+    v = judge(run, final=True)
+    assert v["verdict"] == "STOP" and v["findings"][0]["code"] == "chance_stuck"
+
+
+def test_a_loss_logged_three_times_keeps_its_name_and_an_indexed_key_never_takes_it():
+    run = Run()
+    for i in range(12):
+        run.add_record(float(i), [("train_cost", 1.0 / (i + 1)), ("loss_of_epoch28-batch-", 50.0 * i)])
+    run.add_record(12.0, [("loss", 0.9)])
+    assert run.get("loss").name == "train_cost"  # once: the dense one's
+    run.add_record(13.0, [("loss", 0.8)])
+    run.add_record(14.0, [("loss", 0.7)])
+    assert run.get("loss").name == "loss"  # three times: a series of its own
+    only = Run()
+    for i in range(12):
+        only.add_record(float(i), [("loss_of_epoch28-batch-", 50.0 * i)])
+    only.add_record(12.0, [("loss", 0.9)])
+    assert only.get("loss").name == "loss"  # "epoch28-batch-": a line's index read as a key
+
+
 @pytest.mark.parametrize("key, acc", [("acc", True), ("val_accuracy", True), ("Top1Acc", True), ("valacc", True),
                                       ("accuracy_top-1", True), ("grad_accum_steps", False), ("loss", False)])
 def test_an_accuracy_is_known_by_its_words(key, acc):

@@ -110,11 +110,12 @@ def test_an_ended_short_run_asks_a_running_one_waits():
 
 
 def test_the_reviewer_judges_an_ended_short_climb(chat, tmp_path):
-    # 6 logs climbing 12 -> 18 (a Caffe SSD at a constant LR): the rules wait for 13 points; after
-    # the run ended, the reviewer is asked once, with every point, and its answer is the verdict
+    # 6 logs, 12 -> 18 with two falls on the way: the rules wait for 13 points (a climb on every
+    # log is theirs, ``rules_short``); after the run ended, the reviewer is asked once, with every
+    # point, and its answer is the verdict
     p = tmp_path / "short.log"
     p.write_text("".join("Iteration %d, loss = %s\n" % (100 * i, v)
-                         for i, v in enumerate(("12.1", "12.9", "13.5", "14.4", "16.3", "18.3"))))
+                         for i, v in enumerate(("12.1", "13.5", "12.9", "14.4", "13.9", "18.3"))))
     run = Tracker([str(p)]).update()
     chat.answer = "STOP"
     assert judge(run, _opts(chat))["verdict"] == "WAIT" and chat.received == []   # still running

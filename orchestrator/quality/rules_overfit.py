@@ -17,7 +17,8 @@ from typing import List
 from orchestrator.quality import hints as H
 from orchestrator.quality.rules import Finding, _num, _r, constant, finding
 from orchestrator.quality.rules_level import block_noise, metric_sign
-from orchestrator.quality.series import Run, isfinite, per_step
+from orchestrator.quality.series import Run, isfinite
+from orchestrator.quality.series_cut import per_step
 
 # overfitting: the eval loss at OVERFIT_RATIO x its best (and 3 sigmas of its recent eval-to-eval
 # noise) on its last OVERFIT_EVALS evals, the ratio the train-loss rules stop at

@@ -368,18 +368,6 @@ class Run:
         return self.upto(main.steps[idx])
 
 
-def per_step(s: Series) -> Series:
-    """One point per step, the mean of its finite values (NaN when none): a test loss logged per
-    batch at one step (20 at step 117) is one eval, and its luckiest batch no best of the run."""
-    out, i = Series(s.name), 0
-    while i < len(s):
-        j = bisect_right(s.steps, s.steps[i], i)
-        ok = [v for v in s.values[i:j] if isfinite(v)]
-        out.add(s.steps[i], sum(ok) / len(ok) if ok else math.nan)
-        i = j
-    return out
-
-
 def _trailing_bad(vals: Sequence[float], lo: int) -> int:
     """How many of ``vals[lo:]`` at its end are NaN/Inf."""
     n = k = len(vals)

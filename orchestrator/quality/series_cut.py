@@ -1,4 +1,5 @@
-"""``Run.upto``'s series: a run cut at a step without copying every series up front.
+"""Views of a run's series that copy no more than a rule reads: ``Run.upto``'s cut, and one
+point per step (``per_step``).
 
 The judge confirms a trend STOP on the run cut a few logs earlier, and the resume gate judges the
 run up to a checkpoint. Copying every 1M-point array for that cost more than judging; a rule
@@ -7,10 +8,11 @@ reads two or three series, so each is cut on first access. Stdlib only.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import math
+from bisect import bisect_left, bisect_right
 from typing import Dict, Iterator, Mapping
 
-from orchestrator.quality.series import Series
+from orchestrator.quality.series import Series, isfinite
 
 
 class Cut(Mapping):
@@ -45,3 +47,15 @@ class Cut(Mapping):
 
     def __len__(self) -> int:
         return len(self._n)
+
+
+def per_step(s: Series) -> Series:
+    """One point per step, the mean of its finite values (NaN when none): a test loss logged per
+    batch at one step (20 at step 117) is one eval, and its luckiest batch no best of the run."""
+    out, i = Series(s.name), 0
+    while i < len(s):
+        j = bisect_right(s.steps, s.steps[i], i)
+        ok = [v for v in s.values[i:j] if isfinite(v)]
+        out.add(s.steps[i], sum(ok) / len(ok) if ok else math.nan)
+        i = j
+    return out

@@ -166,7 +166,7 @@ class LineParser:
             yr = yolo_results_row(line)  # 16 numbers: a YOLO results.txt row, a fixed column order
             if yr is not None:
                 return yr
-        if self.table is None and "/" in line and line.lstrip()[:1].isdigit() and _MAY_BE_NONFINITE(line):
+        if self.table is None and line.lstrip()[:1].isdigit() and _MAY_BE_NONFINITE(line):
             bare = bare_nonfinite_row(line)
             if bare is not None:
                 return bare[0], bare[1], None

@@ -139,8 +139,8 @@ def sniff_kind(path: str, head: Optional[bytes] = None) -> str:
         return "trainer_state"  # a pasted fragment of one (its opening brace cut off)
     if "," in first and _csv_like(lines if "\n" in text else [first]):
         return "csv"
-    if named == "csv" and len(lines) < 2:
-        return "csv"
+    if named == "csv" and len(lines) < 2 and not all(map(_num, first.split(","))):
+        return "csv"  # its header alone, rows to come (a first row of numbers heads no columns: text)
     return "text"
 
 

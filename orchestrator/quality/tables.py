@@ -268,8 +268,11 @@ def darknet_record(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]]]
 # a progress row that lost its header line ("   0/272   18/7328   nan   nan   nan   nan   nan   116
 # 0.273", a paste of old yolov3's table): no column is named, so no finite value in it is known to
 # be a loss; but a training row whose values are mostly NaN/Inf says its losses are (a row with
-# one NaN among finite values, a metric not computed yet, says nothing)
+# one NaN among finite values, a metric not computed yet, says nothing). The same of a row led by
+# its step alone, its cells apart by blanks, tabs or commas: a headerless CSV of timm's summary
+# ("210,nan,nan,1.0,5.0"), a "step loss" pair printed per log ("76980 nan": its one value)
 _BARE_ROW = re.compile(r"\s*(\d+)/(\d+)(?:\s+(\d+)/(\d+))?((?:\s+[-+]?[\w.#()]+)+)\s*\Z")
+_STEP_ROW = re.compile(r"\s*(\d+)((?:[ \t]*[,\t ][ \t]*[-+]?[\w.#()]+)+)[ \t,]*\r?\Z")
 _NONFINITE = frozenset(("nan", "-nan", "+nan", "inf", "-inf", "+inf", "infinity", "-infinity",
                         "nan(ind)", "-nan(ind)", "1.#qnan", "-1.#ind", "1.#inf", "-1.#inf"))
 
@@ -279,7 +282,14 @@ def bare_nonfinite_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float
     None for any other line. The step is epoch * batches + batch (its order is all that matters)."""
     m = _BARE_ROW.match(line)
     if m is None:
-        return None
+        m = _STEP_ROW.match(line)
+        if m is None:
+            return None
+        toks = m.group(2).replace(",", " ").split()
+        bad = sum(1 for t in toks if t.lower() in _NONFINITE)
+        if not (bad == len(toks) == 1 or bad >= 2 and 2 * bad >= len(toks)) or not _numbers(toks):
+            return None
+        return float(m.group(1)), [("loss", math.nan)]
     bad = n = 0
     for tok in m.group(5).split():
         low = tok.lower()
@@ -299,6 +309,17 @@ def bare_nonfinite_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float
     else:
         step = float(int(m.group(1)) * int(m.group(4)) + int(m.group(3)))
     return step, [("loss", math.nan)]
+
+
+def _numbers(toks: List[str]) -> bool:
+    """Every token a number or a non-finite word: a row of values, not of words."""
+    for tok in toks:
+        if tok.lower() not in _NONFINITE:
+            try:
+                float(tok)
+            except ValueError:
+                return False
+    return True
 
 
 # pycocotools' summary (mmdetection, detectron2, YOLOv5-v7 --save-json, EfficientDet, DETR): " Average

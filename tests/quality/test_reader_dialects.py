@@ -188,6 +188,31 @@ def test_a_headerless_progress_row_mostly_nan_is_a_nonfinite_loss(tmp_path):
     assert step == 3 and vals[0][0] == "loss" and math.isnan(vals[0][1])
 
 
+def test_a_headerless_row_led_by_its_step_gone_nan_is_a_nonfinite_loss(tmp_path):
+    # "step loss" pairs printed per log (an fp16 BART: "76980 nan"), and a timm summary.csv that
+    # lost its header: "209,nan,4.16,7.72,24.02" is one NaN among four (nothing yet), then two
+    run = _run(tmp_path, ["76950 2.596339", "76960 2.735384", "76980 nan", "76990 nan"])
+    assert [s for s in run.get("loss").steps] == [76980, 76990] and judge(run, {})["verdict"] == "STOP"
+    rows = ["%d,4.3%d,4.13,7.7,24.4" % (e, e) for e in range(200, 209)] + ["209,nan,4.16,7.72,24.02"]
+    rows += ["%d,nan,nan,1.0,5.0" % e for e in range(210, 214)]
+    run = _run(tmp_path, rows, name="summary.csv")
+    assert run.get("loss").steps.tolist() == [210, 211, 212, 213] and judge(run, {})["verdict"] == "STOP"
+    p = LineParser()
+    # a validation row with its own NaN columns (casanovo's train and valid rows share one table),
+    # a year and a word, a finite pair: nothing known
+    assert p.parse("3772\t0.816537\tnan") is None
+    assert p.parse("2020 nan words") is None
+    assert p.parse("76950 2.596339") is None
+    assert p.parse(" 18088\tnan\tnan")[0] == 18088
+
+
+def test_a_csv_named_file_whose_first_line_is_numbers_is_sniffed_as_text(tmp_path):
+    # a live log is sniffed on its first line: a first row of numbers is no header, and a "csv" then
+    # would read nothing for the rest of the run
+    assert sniff_kind("summary.csv", b"200,4.40,4.13,7.76,24.43\n") == "text"
+    assert sniff_kind("metrics.csv", b"epoch,train_loss\n") == "csv"
+
+
 def test_darknet_lines_name_their_values_after_them(tmp_path):
     # " N: loss, avg avg, lr rate, ..." (pjreddie) and "... avg loss, ..." (AlexeyAB), among
     # "Region" lines whose -nan is normal (no box in that layer)

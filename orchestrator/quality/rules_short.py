@@ -171,7 +171,8 @@ def worsening(run: Run, opts: dict) -> List[Finding]:
     lr = run.get("lr")
     if lr is not None and _rose(run, lr.name, t0, t1):
         return []  # a warmup or a restart raises the loss on purpose
-    ev = list(dict.fromkeys(e.name for e in (run.get("val_loss"), run.get("eval_loss")) if e is not None and e is not s))
+    held_out = (run.get("val_loss"), run.get("eval_loss"))
+    ev = list(dict.fromkeys(e.name for e in held_out if e is not None and e is not s))
     witnesses = []
     for name in [n for n in run.series if n != s.name and is_accuracy(n)] + ev:
         a, b = _at(run, name, t0), _at(run, name, t1)

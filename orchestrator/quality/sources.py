@@ -389,4 +389,3 @@ def source_notes(out: dict, tr: Tracker) -> dict:
         if where:
             out["reason"] = "%s (%s)" % (out["reason"], note)
     return out
-

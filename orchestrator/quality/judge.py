@@ -138,6 +138,10 @@ def judge(run: Run, opts: Optional[dict] = None, problems: Optional[List[str]] =
         verdict, reason = "WAIT", _reason(warns[0])
     else:
         verdict, reason = "CONTINUE", "loss %s over the last logs; no anomaly" % _trend_word(findings)
+    for f in findings:  # what a finding was judged on: the reviewer's gate reads its points
+        own = run.series.get(str(f.get("series") or ""))
+        if own is not None and f["severity"] != "info":
+            f["points"] = len(own)
     out = {
         "verdict": verdict, "reason": reason, "findings": findings,
         "source": run.source, "last_step": _n(run.last_step), "points": len(main) if main is not None else 0,

@@ -59,13 +59,11 @@ SHORT_MIN = 2  # an ended run this short asks: its "too few points" WAIT cannot 
 def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: int = 13) -> Optional[dict]:
     """The finding that makes ``verdict`` (a judge result) ambiguous, or None when it is clear.
 
-    Clear: any STOP finding other than ``no_learning`` (NaN, divergence, unrecovered spike, ...),
-    any non-finite or collapsed loss, unreadable metrics, too little data, or no warn/stop
-    finding at all (a clean CONTINUE; ``info`` findings never ask). Ambiguous: a ``no_learning``
-    STOP or ``frozen`` (flat but not diverging), a ``spike``, a warn-level ``divergence`` or
-    ``eval_regression`` (noisy, no clear trend), a warn-level ``below_baseline`` before half
-    the planned steps (slightly worse than the baseline but early); and an ended run with fewer
-    points than the trend rules need (``short_ended``: the final check's WAIT)."""
+    Clear: any STOP but ``no_learning``, a non-finite or collapsed loss, unreadable metrics, no
+    warn/stop finding (``info`` never asks), too little data: a finding is judged on its own
+    series' points or the loss's (``judge`` notes them; 40 evals beside 5 loss logs are enough).
+    Ambiguous: ``AMBIGUOUS``' findings (a warn-level ``below_baseline`` only before half the
+    planned steps), and an ended run too short for the trend rules (``short_ended``)."""
     if verdict.get("unreadable"):
         return None
     findings = verdict.get("findings") or []
@@ -74,15 +72,16 @@ def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: 
             return None
         if f.get("severity") == "stop" and f.get("code") not in AMBIGUOUS_STOP:
             return None
-    points = int(verdict.get("points") or 0)  # (a return's fall is judged on the return: no loss needed)
-    if points < min_points and not any(f.get("code") == "return_collapse" for f in findings):
+    points = int(verdict.get("points") or 0)
+    enough = [f for f in findings if max(points, f.get("points") or 0) >= min_points]
+    if points < min_points and not enough:
         if verdict.get("final") and points >= SHORT_MIN and verdict.get("verdict") == "WAIT":
             return {"code": "short_ended", "severity": "warn", "step": verdict.get("last_step"), "series": "",
                     "evidence": {"points": points, "needed": min_points}, "hint": ""}
         return None
     last = verdict.get("last_step")
     early = not planned_steps or not isinstance(last, (int, float)) or last < EARLY * planned_steps
-    for f in findings:
+    for f in enough:
         code, sev = f.get("code"), f.get("severity")
         if code not in AMBIGUOUS or sev not in ("warn", "stop"):
             continue
@@ -94,9 +93,8 @@ def ambiguity(verdict: dict, planned_steps: Optional[float] = None, min_points: 
     return None
 
 
-# A run in doubt is checked each minute: asking each time bills the reviewer ~60 times an hour for
-# one question. An answer stands for its doubt until the loss grows by a quarter (10 points at least)
-# or an hour passes.
+# A run in doubt is checked each minute: asking each time bills ~60 questions an hour for one doubt.
+# An answer stands for its doubt until the loss grows by a quarter (10 points at least) or an hour passes.
 REASK_GROWTH, REASK_MIN_POINTS, REASK_AFTER_S = 0.25, 10, 3600.0
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.quality import reviewer as RV
 from orchestrator.quality.judge import judge
+from orchestrator.quality.series import Run
 from orchestrator.quality.sources import Tracker
 from quality.synth import make_curve, write
 from rigs.agents import gpurun, kill_agents_under
@@ -96,6 +97,28 @@ def test_ambiguity(findings, last, planned, want):
     assert (got["code"] if got else None) == want
     assert RV.ambiguity(dict(v, points=5), planned) is None                      # too little data
     assert RV.ambiguity(dict(v, unreadable=["gone"]), planned) is None
+
+
+def test_a_doubt_is_judged_on_its_own_series_points():
+    # 5 train-loss logs beside 40 evals whose loss rose: the eval series is enough to ask about;
+    # a doubt on a 5-point series of a 5-point run is still too little data
+    ev = dict(_f("eval_regression"), series="val_loss", points=40)
+    v = {"verdict": "WAIT", "findings": [ev], "points": 5, "last_step": 50, "unreadable": []}
+    assert RV.ambiguity(v)["code"] == "eval_regression"
+    assert RV.ambiguity(dict(v, findings=[dict(ev, points=5)])) is None
+    # ... and a long loss is enough for a doubt on a short series (4 evals that rose, 400 logs)
+    assert RV.ambiguity(dict(v, points=400, findings=[dict(ev, points=4)]))["code"] == "eval_regression"
+
+
+def test_the_judge_notes_each_doubts_points():
+    run = Run("mem")
+    for i in range(5):
+        run.add_record(100.0 * (i + 1), [("loss", 1.0 - 0.01 * i)])
+    for i in range(40):
+        run.add_record(10.0 * (i + 1), [("val_loss", 0.5 + 0.02 * i)])
+    v = judge(run)
+    assert all(f["points"] == len(run.series[f["series"]]) for f in v["findings"] if f["severity"] != "info")
+    assert any(f["series"] == "val_loss" and f["points"] == 40 for f in v["findings"])
 
 
 def test_an_ended_short_run_asks_a_running_one_waits():

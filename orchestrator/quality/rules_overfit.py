@@ -24,6 +24,7 @@ from orchestrator.quality.series_cut import per_step
 # noise) on its last OVERFIT_EVALS evals, the ratio the train-loss rules stop at
 OVERFIT_RATIO, OVERFIT_EVALS = 1.5, 5
 OVERFIT_SUSTAINED = 1.3  # ... or this ratio on the last quarter of the evals (5 at least)
+OVERFIT_CLIMB, CLIMB_EVALS = 1.4, 5  # ... or a climb: each of the last 5 evals up, the last at 1.4x
 # ... above a floor: a near-perfect model's eval loss (3e-05 -> 1e-04, printed to one digit) moves
 # by multiples on a handful of samples; no ratio says anything there
 OVERFIT_FLOOR = 0.05
@@ -50,18 +51,25 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     best, ratio = ev.low(), OVERFIT_RATIO
     if len(vals) < OVERFIT_EVALS + 2 or not best >= OVERFIT_FLOOR or not all(map(isfinite, last)):
         return []
+    climbing = False
     if min(last) < OVERFIT_RATIO * best:
         # a milder rise that has lasted a quarter of the evals is no bump either (val ppl 2.98 ->
         # 4.41 on 66 evals); a noisy eval comes back within a few
         if min(last) < OVERFIT_SUSTAINED * best:
-            return []  # (the common case: one more comparison)
-        last, ratio = vals[-max(OVERFIT_EVALS, len(vals) // 4):], OVERFIT_SUSTAINED
-        if len(last) + 2 > len(vals) or not all(map(isfinite, last)) or min(last) < ratio * best:
-            return []
+            # ... nor a climb, each eval above the one before to CLIMB_RATIO x the best (a CNN's
+            # val loss 1.28 -> 1.47, 1.53, 1.64, 1.79, 1.83): noise does not rise five times in a row
+            rises = zip(vals[-CLIMB_EVALS - 1:], vals[-CLIMB_EVALS:])
+            climbing = last[-1] >= OVERFIT_CLIMB * best and all(b > a for a, b in rises)
+            if not climbing:
+                return []  # (the common case: two more comparisons)
+        else:
+            last, ratio = vals[-max(OVERFIT_EVALS, len(vals) // 4):], OVERFIT_SUSTAINED
+            if len(last) + 2 > len(vals) or not all(map(isfinite, last)) or min(last) < ratio * best:
+                return []
     at = steps[i := vals.index(best)]
     sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - len(last) - 20):-len(last)]
                          if isfinite(v) and v > 0])
-    if min(last) < best * max(ratio, math.exp(3.0 * sigma)):
+    if (last[-1] if climbing else min(last)) < best * max(OVERFIT_CLIMB if climbing else ratio, math.exp(3.0 * sigma)):
         return []
     # (a best eval logged before the train loss's first log is compared with that first log)
     t_best, t_now = train.last_at(at), train.last_at(steps[-1])
@@ -82,4 +90,5 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= ratio * best:
         k -= 1
     return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at), "latest":
-                    _r(vals[-1]), "ratio": _r(min(last) / best), "evals": len(last)}, H.OVERFIT, ev.name)]
+                    _r(vals[-1]), "ratio": _r(min(last) / best), "evals": len(last),
+                    **({"climbing": True} if climbing else {})}, H.OVERFIT, ev.name)]

@@ -220,3 +220,27 @@ def test_a_train_loss_logged_twice_has_risen_only_when_its_last_log_is_over_its_
     assert L.eval_diverged(_twice_logged(0.935, 0.0765), {}) == []
     # twin: the second log over the first (0.34 -> 0.81, a Lightning run's late divergence) is one
     assert L.eval_diverged(_twice_logged(0.34, 0.81), {})
+
+
+# a CNN on CIFAR-10 (holdout 54, spent): the val loss bottoms at epoch 7, then rises on every eval
+CLIMB_VAL = [2.1, 1.8, 1.6, 1.5, 1.42, 1.35, 1.30, 1.2842, 1.4685, 1.5289, 1.6374, 1.7924, 1.8288]
+
+
+def _climb_run(val, **more):
+    return run_of([{"loss": 2.0 * 0.85 ** e, "val_loss": v, **{k: x[e] for k, x in more.items()}}
+                   for e, v in enumerate(val)])
+
+
+def test_an_eval_loss_that_rose_on_each_of_its_last_five_evals_to_1_4x_its_best_is_overfitting():
+    f = OV.overfit(_climb_run(CLIMB_VAL), {})
+    assert f and f[0]["severity"] == "stop" and f[0]["evidence"]["climbing"] is True
+    assert f[0]["evidence"]["best"] == 1.2842 and f[0]["evidence"]["ratio"] < 1.5  # under both older bars
+
+
+def test_a_climb_with_a_dip_a_climb_to_1_3x_and_a_climb_the_accuracy_outlived_are_not():
+    dipped = CLIMB_VAL[:10] + [1.50] + CLIMB_VAL[11:]  # four rises, a fall, then two
+    assert OV.overfit(_climb_run(dipped), {}) == []
+    mild = CLIMB_VAL[:8] + [1.30, 1.33, 1.38, 1.45, 1.66]  # x1.29 at the end: a drift, under x1.4
+    assert OV.overfit(_climb_run(mild), {}) == []
+    acc = [0.3 + 0.03 * e for e in range(len(CLIMB_VAL))]  # the accuracy improved on every eval
+    assert OV.overfit(_climb_run(CLIMB_VAL, val_accuracy=acc), {}) == []

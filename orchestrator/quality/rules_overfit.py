@@ -4,7 +4,9 @@ the train loss falls and no held-out metric is any better. The model memorises i
 An eval loss is noisy (a small val set, a per-batch log) and may rise for reasons that are no
 failure (an over-confident model whose accuracy or WER still improves: the eval-loss trap). So the
 rise must clear the eval's own noise, a metric that held or improved vetoes, and an eval loss
-logged per batch is judged one eval per step.
+logged per batch is judged one eval per step. Far above: 1.5x its best on 5 evals, 1.3x on the
+last quarter, or a climb to 1.4x up on each of the last 5; an ended run's short log, up on every
+eval since its best with a metric worse beside it (``_short``).
 
 Same contract as ``rules.py``.
 """
@@ -12,12 +14,12 @@ Same contract as ``rules.py``.
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.rules import Finding, _num, _r, constant, finding
 from orchestrator.quality.rules_level import block_noise, metric_sign
-from orchestrator.quality.series import Run, isfinite
+from orchestrator.quality.series import Run, Series, isfinite
 from orchestrator.quality.series_cut import per_step
 
 # overfitting: the eval loss at OVERFIT_RATIO x its best (and 3 sigmas of its recent eval-to-eval
@@ -25,6 +27,7 @@ from orchestrator.quality.series_cut import per_step
 OVERFIT_RATIO, OVERFIT_EVALS = 1.5, 5
 OVERFIT_SUSTAINED = 1.3  # ... or this ratio on the last quarter of the evals (5 at least)
 OVERFIT_CLIMB, CLIMB_EVALS = 1.4, 5  # ... or a climb: each of the last 5 evals up, the last at 1.4x
+SHORT_EVALS, SHORT_RISES = 4, 3  # a short log's climb: 4 evals at least, up on the last 3 (``_short``)
 # ... above a floor: a near-perfect model's eval loss (3e-05 -> 1e-04, printed to one digit) moves
 # by multiples on a handful of samples; no ratio says anything there
 OVERFIT_FLOOR = 0.05
@@ -40,8 +43,10 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     metric too: one that held or improved is the eval-loss trap (an over-confident loss rising
     while accuracy or WER holds), no STOP."""
     ev, train = run.get("eval_loss") or run.get("val_loss"), run.get("loss")
-    if ev is None or train is None or ev is train or len(ev) < OVERFIT_EVALS + 2:
+    if ev is None or train is None or ev is train:
         return []
+    if len(ev) < OVERFIT_EVALS + 2:
+        return _short(run, ev, train) if opts.get("final") else []
     if len(set(ev.steps[-OVERFIT_EVALS:])) < OVERFIT_EVALS:  # logged per batch: an eval per step
         ev = per_step(ev)
     vals, steps = ev.values, ev.steps
@@ -76,19 +81,57 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
     t_best = train.last_at(train.steps[0]) if t_best is None and len(train) else t_best
     if t_best is None or t_now is None or t_now >= t_best:
         return []  # the train loss rose too: ``rules_level.eval_diverged``'s case, not memorising
-    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
-        sign = metric_sign(name)
-        if not sign or name == ev.name:
-            continue
-        m = run.series[name]
-        if constant(m):
-            continue  # (a top-5 at 1.0 on every eval of a 3-class task holds, and says nothing)
-        then, now = m.last_at(at), m.last_at(steps[-1])
-        if then is not None and now is not None and sign * (now - then) < 0.01 * abs(then):
-            return []  # this metric held (within 1%) or improved since the eval loss's best
+    if _metrics_worse(run, ev.name, at, steps[-1]) is None:
+        return []
     k = len(vals) - len(last)
     while k > i + 1 and isfinite(vals[k - 1]) and vals[k - 1] >= ratio * best:
         k -= 1
     return [finding("overfit", "stop", steps[k], {"series": ev.name, "best": _r(best), "best_step": _num(at), "latest":
                     _r(vals[-1]), "ratio": _r(min(last) / best), "evals": len(last),
                     **({"climbing": True} if climbing else {})}, H.OVERFIT, ev.name)]
+
+
+def _short(run: Run, ev: Series, train: Series) -> List[Finding]:
+    """An ended run's log too short for the rule above (``SHORT_EVALS`` to 6 evals; a running
+    job's first evals may still turn, a val spike in its first epochs): the eval loss rose on
+    every eval since its best, ``SHORT_RISES`` times at least, to ``OVERFIT_RATIO``x it, the train
+    loss fell, and a held-out metric logged beside it is worse, none held: what Keras'
+    EarlyStopping(patience=3) stops (an LSTM's val loss 0.27 -> 0.30, 0.37, 0.46, 0.55 while its
+    train loss fell 0.33 -> 0.05 and its val accuracy 0.908 -> 0.896). No metric, no STOP."""
+    vals, steps = ev.values, ev.steps
+    if len(vals) < SHORT_EVALS or len(set(steps)) < len(steps) or not all(map(isfinite, vals)):
+        return []
+    i = vals.index(min(vals))
+    after = vals[i:]
+    if len(after) <= SHORT_RISES or vals[i] < OVERFIT_FLOOR or vals[-1] < OVERFIT_RATIO * vals[i] \
+            or any(b <= a for a, b in zip(after, after[1:])):
+        return []
+    t_best, t_now = train.last_at(steps[i]), train.last_at(steps[-1])
+    t_best = train.last_at(train.steps[0]) if t_best is None and len(train) else t_best
+    if t_best is None or t_now is None or t_now >= t_best:
+        return []
+    worse = _metrics_worse(run, ev.name, steps[i], steps[-1])
+    if not worse:
+        return []
+    ev_ = {"series": ev.name, "best": _r(vals[i]), "best_step": _num(steps[i]), "latest": _r(vals[-1]),
+           "ratio": _r(vals[-1] / vals[i]), "evals": len(after) - 1, "short": True, "also_worse": worse}
+    return [finding("overfit", "stop", steps[i + 1], ev_, H.OVERFIT, ev.name)]
+
+
+def _metrics_worse(run: Run, ev_name: str, at: float, end: float) -> Optional[List[str]]:
+    """The held-out metrics 1% or more worse at ``end`` than at ``at`` (the eval loss's best);
+    None when one of them held (within 1%) or improved: the eval-loss trap, not memorising."""
+    worse = []
+    for name in run.series:  # names first: on a cut run (``series_cut``) a series read is a copy
+        sign = metric_sign(name)
+        if not sign or name == ev_name:
+            continue
+        m = run.series[name]
+        if constant(m):
+            continue  # (a top-5 at 1.0 on every eval of a 3-class task holds, and says nothing)
+        then, now = m.last_at(at), m.last_at(end)
+        if then is not None and now is not None:
+            if sign * (now - then) < 0.01 * abs(then):
+                return None
+            worse.append(name)
+    return worse

@@ -244,3 +244,26 @@ def test_a_climb_with_a_dip_a_climb_to_1_3x_and_a_climb_the_accuracy_outlived_ar
     assert OV.overfit(_climb_run(mild), {}) == []
     acc = [0.3 + 0.03 * e for e in range(len(CLIMB_VAL))]  # the accuracy improved on every eval
     assert OV.overfit(_climb_run(CLIMB_VAL, val_accuracy=acc), {}) == []
+
+
+# a Keras LSTM on AG News, five epochs (holdout 63, spent): val loss up on every eval after the first
+SHORT_ROWS = [{"loss": t, "val_loss": v, "val_accuracy": a} for t, v, a in zip(
+    [0.3305, 0.1862, 0.1214, 0.0792, 0.0506], [0.2703, 0.3008, 0.3692, 0.4574, 0.5542],
+    [0.9075, 0.9062, 0.9030, 0.8990, 0.8955])]
+
+
+def test_an_ended_short_log_whose_eval_loss_rose_on_every_eval_since_its_best_is_overfitting():
+    f = OV.overfit(run_of(SHORT_ROWS), {"final": True})
+    assert f and f[0]["evidence"]["short"] is True and f[0]["evidence"]["also_worse"] == ["val_accuracy"]
+    assert f[0]["step"] == 1 and f[0]["evidence"]["best_step"] == 0
+    assert judge(run_of(SHORT_ROWS), final=True)["verdict"] == "STOP"
+
+
+def test_a_short_climb_while_running_without_a_metric_with_a_metric_held_or_with_a_dip_is_not():
+    assert OV.overfit(run_of(SHORT_ROWS), {}) == []  # a running job's first evals may still turn
+    bare = [{k: v for k, v in r.items() if k != "val_accuracy"} for r in SHORT_ROWS]
+    assert OV.overfit(run_of(bare), {"final": True}) == []  # no metric: a loss alone is no witness
+    held = [dict(r, val_accuracy=0.9075) for r in SHORT_ROWS[:1]] + [dict(r, val_accuracy=0.91) for r in SHORT_ROWS[1:]]
+    assert OV.overfit(run_of(held), {"final": True}) == []
+    dip = SHORT_ROWS[:3] + [dict(SHORT_ROWS[3], val_loss=0.35)] + SHORT_ROWS[4:]
+    assert OV.overfit(run_of(dip), {"final": True}) == []

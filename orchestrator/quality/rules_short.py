@@ -3,9 +3,10 @@ where the trend rules (``rules_level``: 24 logs and more; the window rules: 13) 
 
 Each asks for more than one point (never a STOP on one noisy log) and for a change no healthy
 run makes in so few logs: a jump of two orders of magnitude that stays (``loss_explosion``), or,
-once the run has ended, three rises in a row to several times the best level
-(``divergence_best``, as its long-log twin names it, so the eval veto and the STOP order treat
-both alike), or a run that gets worse on every signal it logs, log after log (``worsening``).
+once the run has ended, three rises in a row to several times the best level or a rise on every
+log from its start (``divergence_best``, as its long-log twin names it, so the eval veto and the
+STOP order treat both alike), or a run that gets worse on every signal it logs, log after log
+(``worsening``).
 """
 
 from __future__ import annotations

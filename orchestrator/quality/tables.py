@@ -279,47 +279,28 @@ _NONFINITE = frozenset(("nan", "-nan", "+nan", "inf", "-inf", "+inf", "infinity"
 
 def bare_nonfinite_row(line: str) -> Optional[Tuple[float, List[Tuple[str, float]]]]:
     """(step, [("loss", nan)]) for a headerless progress row whose values are mostly non-finite,
-    None for any other line. The step is epoch * batches + batch (its order is all that matters)."""
+    None for any other line. The step is epoch * batches + batch (its order is all that matters),
+    or the row's leading count."""
     m = _BARE_ROW.match(line)
-    if m is None:
+    if m is not None:
+        toks = m.group(5).split()
+        step = float(m.group(1)) if m.group(3) is None else float(int(m.group(1)) * int(m.group(4)) + int(m.group(3)))
+    else:
         m = _STEP_ROW.match(line)
         if m is None:
             return None
-        toks = m.group(2).replace(",", " ").split()
-        bad = sum(1 for t in toks if t.lower() in _NONFINITE)
-        if not (bad == len(toks) == 1 or bad >= 2 and 2 * bad >= len(toks)) or not _numbers(toks):
-            return None
-        return float(m.group(1)), [("loss", math.nan)]
-    bad = n = 0
-    for tok in m.group(5).split():
-        low = tok.lower()
-        if low in _NONFINITE:
-            bad += 1
-            n += 1
-            continue
-        try:
-            float(tok)
-        except ValueError:
-            return None  # a word: a row of something else (a header, a message)
-        n += 1
-    if bad < 2 or 2 * bad < n:
+        toks, step = m.group(2).replace(",", " ").split(), float(m.group(1))
+    bad = sum(1 for t in toks if t.lower() in _NONFINITE)
+    pair = bad == len(toks) == 1 and m.re is _STEP_ROW  # "76980 nan": a step and its one value
+    if not pair and (bad < 2 or 2 * bad < len(toks)):
         return None
-    if m.group(3) is None:
-        step = float(m.group(1))
-    else:
-        step = float(int(m.group(1)) * int(m.group(4)) + int(m.group(3)))
-    return step, [("loss", math.nan)]
-
-
-def _numbers(toks: List[str]) -> bool:
-    """Every token a number or a non-finite word: a row of values, not of words."""
     for tok in toks:
         if tok.lower() not in _NONFINITE:
             try:
                 float(tok)
             except ValueError:
-                return False
-    return True
+                return None  # a word: a row of something else (a header, a message)
+    return step, [("loss", math.nan)]
 
 
 # pycocotools' summary (mmdetection, detectron2, YOLOv5-v7 --save-json, EfficientDet, DETR): " Average

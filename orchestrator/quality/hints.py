@@ -102,10 +102,10 @@ EVAL_PRIMARY = ("the primary eval metric got worse on consecutive evals while tr
                 "overfitting or a bad LR decay; keep the best checkpoint, lower the LR or add regularisation.")
 EVAL_SECONDARY = ("eval loss is rising; judge the primary metric (pass --primary METRIC:min|max): eval loss "
                   "may rise while WER or accuracy improves.")
-OVERFIT = ("the eval loss has stayed well above its best (1.5x on 5 evals, or 1.3x on the last quarter of them) "
-           "while the train loss kept falling and no held-out metric got better: the model is overfitting. Keep "
-           "the checkpoint of the best eval; stop early, add regularisation (dropout, weight decay, augmentation) "
-           "or more data.")
+OVERFIT = ("the eval loss has stayed well above its best (1.5x on 5 evals, 1.3x on the last quarter of them, or "
+           "rising on every eval to 1.4x) while the train loss kept falling and no held-out metric got better: the "
+           "model is overfitting. Keep the checkpoint of the best eval; stop early, add regularisation (dropout, "
+           "weight decay, augmentation) or more data.")
 EVAL_DIVERGED = ("every eval metric stayed worse than its best for several evals while the train loss rose "
                  "too: the LR is too high for this fine-tune (try 3-10x lower) or the data changed; keep the "
                  "best checkpoint.")

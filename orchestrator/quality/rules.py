@@ -169,6 +169,15 @@ def constant(s: Series) -> bool:
     return all(v == first for v in s.values if isfinite(v))
 
 
+def rises_at_end(vals) -> int:
+    """How many logs at the end of ``vals`` each sit above the one before (a NaN ends the count):
+    a climb, which noise does not keep up log after log."""
+    r = 0
+    while r + 1 < len(vals) and vals[-1 - r] > vals[-2 - r]:
+        r += 1
+    return r
+
+
 def _last_finite(s: Series):
     # scanning back past a long trailing run of NaN (finite_tail(1) looks 4 points back): "null"
     # in the evidence must mean the loss was never finite, not that it went NaN 5 logs ago

@@ -17,7 +17,7 @@ import math
 from typing import List, Optional
 
 from orchestrator.quality import hints as H
-from orchestrator.quality.rules import Finding, _num, _r, constant, finding
+from orchestrator.quality.rules import Finding, _num, _r, constant, finding, rises_at_end
 from orchestrator.quality.rules_level import block_noise, metric_sign
 from orchestrator.quality.series import Run, Series, isfinite
 from orchestrator.quality.series_cut import per_step
@@ -36,7 +36,8 @@ OVERFIT_FLOOR = 0.05
 def overfit(run: Run, opts: dict) -> List[Finding]:
     """STOP when the eval (or val) loss sat at ``OVERFIT_RATIO``x its best or more on its last
     ``OVERFIT_EVALS`` evals (or at ``OVERFIT_SUSTAINED``x on the last quarter of its evals, 5 at
-    least) while the train loss went on falling below where it was at that best,
+    least, or up on each of its last ``CLIMB_EVALS`` to ``OVERFIT_CLIMB``x) while the train loss
+    went on falling below where it was at that best,
     and every other held-out metric (accuracy, F1, WER...) logged is 1% or more worse than at that
     best: the model is memorising its train set (a Keras classifier: val loss 0.79 -> 1.75 over 20
     epochs, val accuracy 0.70 -> 0.67, train loss 0.42 -> 0.05). Real overfitting shows in the
@@ -58,28 +59,25 @@ def overfit(run: Run, opts: dict) -> List[Finding]:
         return []
     climbing = False
     if min(last) < OVERFIT_RATIO * best:
-        # a milder rise that has lasted a quarter of the evals is no bump either (val ppl 2.98 ->
-        # 4.41 on 66 evals); a noisy eval comes back within a few
-        if min(last) < OVERFIT_SUSTAINED * best:
-            # ... nor a climb, each eval above the one before to CLIMB_RATIO x the best (a CNN's
-            # val loss 1.28 -> 1.47, 1.53, 1.64, 1.79, 1.83): noise does not rise five times in a row
-            rises = zip(vals[-CLIMB_EVALS - 1:], vals[-CLIMB_EVALS:])
-            climbing = last[-1] >= OVERFIT_CLIMB * best and all(b > a for a, b in rises)
-            if not climbing:
-                return []  # (the common case: two more comparisons)
-        else:
+        if min(last) >= OVERFIT_SUSTAINED * best:
+            # a milder rise that has lasted a quarter of the evals is no bump either (val ppl 2.98 ->
+            # 4.41 on 66 evals); a noisy eval comes back within a few
             last, ratio = vals[-max(OVERFIT_EVALS, len(vals) // 4):], OVERFIT_SUSTAINED
             if len(last) + 2 > len(vals) or not all(map(isfinite, last)) or min(last) < ratio * best:
                 return []
+        elif last[-1] >= OVERFIT_CLIMB * best and rises_at_end(vals) >= CLIMB_EVALS:
+            # ... nor a climb, each eval above the one before to 1.4x the best (a CNN's val loss
+            # 1.28 -> 1.47, 1.53, 1.64, 1.79, 1.83): noise does not rise five times in a row
+            climbing, ratio = True, OVERFIT_CLIMB
+        else:
+            return []  # (the common case: a few comparisons)
     at = steps[i := vals.index(best)]
     sigma = block_noise([math.log(v) for v in vals[max(0, len(vals) - len(last) - 20):-len(last)]
                          if isfinite(v) and v > 0])
-    if (last[-1] if climbing else min(last)) < best * max(OVERFIT_CLIMB if climbing else ratio, math.exp(3.0 * sigma)):
+    # clear of the eval's own noise too: every eval of the streak, or the climb's last
+    if (last[-1] if climbing else min(last)) < best * max(ratio, math.exp(3.0 * sigma)):
         return []
-    # (a best eval logged before the train loss's first log is compared with that first log)
-    t_best, t_now = train.last_at(at), train.last_at(steps[-1])
-    t_best = train.last_at(train.steps[0]) if t_best is None and len(train) else t_best
-    if t_best is None or t_now is None or t_now >= t_best:
+    if not _train_fell(train, at, steps[-1]):
         return []  # the train loss rose too: ``rules_level.eval_diverged``'s case, not memorising
     if _metrics_worse(run, ev.name, at, steps[-1]) is None:
         return []
@@ -101,21 +99,25 @@ def _short(run: Run, ev: Series, train: Series) -> List[Finding]:
     vals, steps = ev.values, ev.steps
     if len(vals) < SHORT_EVALS or len(set(steps)) < len(steps) or not all(map(isfinite, vals)):
         return []
-    i = vals.index(min(vals))
-    after = vals[i:]
-    if len(after) <= SHORT_RISES or vals[i] < OVERFIT_FLOOR or vals[-1] < OVERFIT_RATIO * vals[i] \
-            or any(b <= a for a, b in zip(after, after[1:])):
+    r = rises_at_end(vals)
+    i = len(vals) - 1 - r  # the climb's first eval: the best, or no climb since the best
+    if r < SHORT_RISES or vals[i] != min(vals) or vals[i] < OVERFIT_FLOOR or vals[-1] < OVERFIT_RATIO * vals[i]:
         return []
-    t_best, t_now = train.last_at(steps[i]), train.last_at(steps[-1])
-    t_best = train.last_at(train.steps[0]) if t_best is None and len(train) else t_best
-    if t_best is None or t_now is None or t_now >= t_best:
-        return []
-    worse = _metrics_worse(run, ev.name, steps[i], steps[-1])
+    worse = _metrics_worse(run, ev.name, steps[i], steps[-1]) if _train_fell(train, steps[i], steps[-1]) else None
     if not worse:
         return []
     ev_ = {"series": ev.name, "best": _r(vals[i]), "best_step": _num(steps[i]), "latest": _r(vals[-1]),
-           "ratio": _r(vals[-1] / vals[i]), "evals": len(after) - 1, "short": True, "also_worse": worse}
+           "ratio": _r(vals[-1] / vals[i]), "evals": r, "short": True, "also_worse": worse}
     return [finding("overfit", "stop", steps[i + 1], ev_, H.OVERFIT, ev.name)]
+
+
+def _train_fell(train: Series, at: float, end: float) -> bool:
+    """The train loss lower at ``end`` than at ``at``, the eval loss's best (a best eval logged
+    before the train loss's first log is compared with that first log)."""
+    t_best, t_now = train.last_at(at), train.last_at(end)
+    if t_best is None and len(train):
+        t_best = train.last_at(train.steps[0])
+    return t_best is not None and t_now is not None and t_now < t_best
 
 
 def _metrics_worse(run: Run, ev_name: str, at: float, end: float) -> Optional[List[str]]:

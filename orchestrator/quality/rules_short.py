@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from orchestrator.quality import hints as H
 from orchestrator.quality.roles import RL_WORDS, is_accuracy, is_gan, names_with
-from orchestrator.quality.rules import Finding, _r, finding
+from orchestrator.quality.rules import Finding, _r, finding, rises_at_end
 from orchestrator.quality.rules_level import MIN_LOGS
 from orchestrator.quality.series import Run, Series, isfinite, median
 
@@ -101,8 +101,7 @@ def short_climb(run: Run, opts: dict) -> List[Finding]:
     if len(before) < 2 or not all(isfinite(v) for v in climb) or min(before) <= 0:
         return []
     best = min(before)
-    if not all(b > a for a, b in zip(climb, climb[1:])) or climb[0] < CLIMB_FIRST * best \
-            or climb[-1] < CLIMB_LAST * best or climb[0] <= before[-1]:
+    if rises_at_end(vals) < CLIMB_LOGS or climb[0] < CLIMB_FIRST * best or climb[-1] < CLIMB_LAST * best:
         return []
     return [finding("divergence_best", "stop", s.steps[len(s) - CLIMB_LOGS],
                     {"series": s.name, "ratio_to_best": _r(climb[-1] / best), "best_level": _r(best),
@@ -119,9 +118,7 @@ def _rose_throughout(run: Run, s: Series) -> List[Finding]:
     vals = s.values
     if not all(isfinite(v) and v > 0 for v in vals):
         return []
-    r = 0  # the rises that end the log
-    while r + 1 < len(vals) and vals[-1 - r] > vals[-2 - r]:
-        r += 1
+    r = rises_at_end(vals)
     if r < RISE_MIN - 1 or r < len(vals) - 1 - RISE_SLACK or vals[-1] < RISE_RATIO * vals[-1 - r]:
         return []
     t0 = s.steps[len(s) - r]  # the first risen log: the onset (an eval before it is the baseline)
@@ -163,7 +160,7 @@ def worsening(run: Run, opts: dict) -> List[Finding]:
         return []
     vals = s.values
     climb = vals[-WORSE_RISES - 1:]
-    if not all(isfinite(v) and v > 0 for v in climb) or not all(b > a for a, b in zip(climb, climb[1:])):
+    if not all(isfinite(v) and v > 0 for v in climb) or rises_at_end(vals) < WORSE_RISES:
         return []
     best = min((v for v in vals[:-WORSE_RISES] if isfinite(v)), default=0.0)
     if best <= 0 or climb[-1] < WORSE_RATIO * best:
